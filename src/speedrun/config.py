@@ -1,0 +1,299 @@
+"""Typed run configuration.
+
+A run is described by one `RunConfig` made of small frozen-free dataclasses.
+Every technique of the record ladder is a field, so an ablation is one
+override (`--set model.value_embeds=0`). Overrides are parsed against the
+field's declared type; an unknown field is refused with the nearest valid
+name. Presets (see `presets.py`) are plain functions returning a RunConfig.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import typing
+from dataclasses import dataclass, field
+
+from speedrun.errors import ConfigError
+
+
+@dataclass
+class ModelConfig:
+    """The network. Defaults are the 2025-08 record."""
+
+    vocab_size: int = 50257
+    vocab_multiple: int = 128  # pad the vocabulary to a multiple of this (1 = no padding)
+    num_layers: int = 12
+    model_dim: int = 768
+    num_heads: int = 6
+    head_dim: int = 128
+    mlp_hidden: int = 3072
+    activation: str = "relu2"  # "relu2" | "gelu"
+    positions: str = "rotary"  # "rotary" | "learned"
+    rotary: str = "half_truncated"  # "half_truncated" (1/1024 base, half the dims) | "full" (base 10000)
+    max_positions: int = 1024  # only for learned positions
+    norm: str = "rms"  # "rms" (parameter-free) | "layer" (learned LayerNorm, llm.c)
+    qk_norm: bool = True
+    zero_init: bool = True  # zero-initialise output projections and the head
+    tied_head: bool = False
+    value_embeds: int = 3  # number of value embeddings (0 = none), fed to the first and last layers
+    x0_lambdas: bool = True  # x = l0*x + l1*x0 before each block (embedding skip)
+    unet: bool = True  # U-net skips between layer i < L/2 and L-1-i
+    logit_softcap: float = 30.0  # 0 = none
+    softcap_form: str = "sigmoid"  # "sigmoid": c*sigmoid(z/7.5) | "tanh": c*tanh(z/c)
+    attn_scale: float = 0.12  # 0 = 1/sqrt(head_dim)
+    attn_gate: bool = True  # per-head sigmoid output gate from x[..., :12]
+    gate_inputs: int = 12
+    no_attn_layers: tuple[int, ...] = (7,)
+    long_layers: tuple[int, ...] = (0, 4, 7, 11)  # layers with the long window; others short
+    fp8_head: bool = True  # FP8 head in training where the GPU supports it
+    bf16_embeds: bool = True  # embeddings stored in bfloat16 (GPU)
+
+    @property
+    def padded_vocab(self) -> int:
+        m = self.vocab_multiple
+        return ((self.vocab_size + m - 1) // m) * m
+
+
+@dataclass
+class AttentionConfig:
+    """Which tokens see which."""
+
+    doc_mask: bool = True  # causal inside each document only
+    block_size: int = 128
+    window: str = "growing"  # "none" (full causal) | "fixed" | "growing"
+    window_tokens: int = 1728  # final long window before rounding up to a block
+    long_short: bool = True  # short window = long // 2 on non-long layers
+    backend: str = "auto"  # "auto" | "flex" | "dense"
+
+
+@dataclass
+class OptimConfig:
+    """Optimisers: Muon on block matrices + Adam on the rest, or AdamW on all."""
+
+    kind: str = "muon"  # "muon" | "adamw"
+    adam_betas: tuple[float, float] = (0.8, 0.95)
+    adam_eps: float = 1e-10
+    embed_lr: float = 0.6
+    head_lr: float = 0.008
+    scalar_lr: float = 0.04
+    muon_lr: float = 0.05
+    muon_momentum: float = 0.95
+    muon_momentum_start: float = 0.85
+    muon_ns_steps: int = 5
+    # AdamW-only (the llm.c baseline)
+    adamw_lr: float = 0.0018
+    adamw_betas: tuple[float, float] = (0.9, 0.95)
+    adamw_eps: float = 1e-8
+    weight_decay: float = 0.0
+    grad_clip: float = 0.0  # 0 = none
+
+
+@dataclass
+class ScheduleConfig:
+    """Everything that changes over a run, as a fraction of progress = step / steps."""
+
+    warmup_frac: float = 0.0  # linear lr warm-up
+    cooldown_frac: float = 0.45  # final linear cooldown
+    final_lr_frac: float = 0.1  # lr multiplier at the end of cooldown
+    momentum_warmup_frac: float = 300 / 1695  # Muon momentum start -> final
+
+
+@dataclass
+class TrainConfig:
+    """Steps, batch, validation and the device-side choices."""
+
+    steps: int = 1695
+    seq_len: int = 48 * 1024  # tokens per sequence (one micro-step)
+    batch_seqs: int = 8  # sequences per optimiser step, over all ranks and micro-steps
+    bos_align: bool = True
+    val_tokens: int = 10_485_760
+    val_seq_len: int = 4 * 64 * 1024  # tokens per rank per validation forward
+    val_every: int = 125
+    warmup_steps: int = 10  # untimed compile/warm-up steps, then state restored
+    seed: int = 0
+    compile: str = "auto"  # "auto" (on CUDA) | "on" | "off"
+    log_every: int = 1
+    sample_tokens: int = 0  # print this many sampled tokens at the end (demo)
+
+
+@dataclass
+class DataConfig:
+    train_pattern: str = "fineweb_train_*.bin"
+    val_pattern: str = "fineweb_val_*.bin"
+    data_dir: str = ""  # "" = the default FineWeb folder; "demo" = the embedded corpus
+
+
+@dataclass
+class RunConfig:
+    name: str = "record"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+
+SECTIONS = ("model", "attention", "optim", "schedule", "train", "data")
+
+
+def from_dict(d: dict) -> RunConfig:
+    """Rebuild a RunConfig from `to_dict()` output (e.g. a saved config.json)."""
+    cfg = RunConfig(name=d.get("name", "custom"))
+    for section in SECTIONS:
+        for key, value in d.get(section, {}).items():
+            set_field(cfg, f"{section}.{key}", value)
+    return cfg
+
+
+def _field_names(obj) -> list[str]:
+    return [f.name for f in dataclasses.fields(obj)]
+
+
+def all_field_paths() -> list[str]:
+    cfg = RunConfig()
+    return [f"{s}.{n}" for s in SECTIONS for n in _field_names(getattr(cfg, s))]
+
+
+def _unknown(path: str) -> ConfigError:
+    near = difflib.get_close_matches(path, all_field_paths(), n=1, cutoff=0.5)
+    hint = f"; did you mean '{near[0]}'?" if near else ""
+    return ConfigError(f"--set {path}: no such config field{hint}")
+
+
+def _coerce(path: str, tp, value):
+    """Turn `value` (a string from the command line, or JSON data) into type `tp`."""
+    origin = typing.get_origin(tp)
+    if origin is tuple:
+        if isinstance(value, str):
+            parts = [p for p in value.replace("(", "").replace(")", "").split(",") if p.strip()]
+        else:
+            parts = list(value)
+        args = typing.get_args(tp)
+        elem = args[0] if args else str
+        if len(args) == 2 and args[1] is Ellipsis or len(args) == 1:
+            return tuple(_coerce(path, elem, p) for p in parts)
+        if len(parts) != len(args):
+            raise ConfigError(f"--set {path}: expected {len(args)} comma-separated values, got {value!r}")
+        return tuple(_coerce(path, a, p) for a, p in zip(args, parts))
+    try:
+        if tp is bool:
+            if isinstance(value, bool):
+                return value
+            s = str(value).strip().lower()
+            if s in ("1", "true", "yes", "on"):
+                return True
+            if s in ("0", "false", "no", "off"):
+                return False
+            raise ValueError
+        if tp is int:
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError
+            if isinstance(value, str):
+                value = value.replace("_", "")
+                f = float(value)
+                if not f.is_integer():
+                    raise ValueError
+                return int(f)
+            return int(value)
+        if tp is float:
+            return float(value)
+        if tp is str:
+            return str(value)
+    except (TypeError, ValueError):
+        pass
+    name = getattr(tp, "__name__", str(tp))
+    raise ConfigError(f"--set {path}: {value!r} is not a valid {name}")
+
+
+def set_field(cfg: RunConfig, path: str, value) -> None:
+    """Set `section.name` on cfg from a string or JSON value, type-checked."""
+    if "." not in path:
+        raise _unknown(path)
+    section, name = path.split(".", 1)
+    if section not in SECTIONS or name not in _field_names(getattr(cfg, section)):
+        raise _unknown(path)
+    obj = getattr(cfg, section)
+    hints = typing.get_type_hints(type(obj))
+    setattr(obj, name, _coerce(path, hints[name], value))
+
+
+def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
+    """Apply `section.field=value` strings in order."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"--set {item}: expected section.field=value")
+        path, value = item.split("=", 1)
+        set_field(cfg, path.strip(), value.strip())
+    return cfg
+
+
+def diff(a: RunConfig, b: RunConfig) -> dict[str, tuple]:
+    """Fields whose values differ: {path: (a_value, b_value)}."""
+    da, db = a.to_dict(), b.to_dict()
+    out = {}
+    for s in SECTIONS:
+        for k in da[s]:
+            if da[s][k] != db[s][k]:
+                out[f"{s}.{k}"] = (da[s][k], db[s][k])
+    return out
+
+
+ALLOWED_WORLD_SIZES = (1, 2, 4, 8)
+
+
+def validate(cfg: RunConfig, world_size: int = 1) -> None:
+    """Refuse values that cannot run, each with one line naming the field."""
+    m, a, t = cfg.model, cfg.attention, cfg.train
+    checks = [
+        (t.steps > 0, "train.steps", f"must be > 0, got {t.steps}"),
+        (t.seq_len > 0 and t.seq_len % a.block_size == 0, "train.seq_len",
+         f"must be a positive multiple of attention.block_size={a.block_size}, got {t.seq_len}"),
+        (t.val_seq_len > 0 and t.val_seq_len % a.block_size == 0, "train.val_seq_len",
+         f"must be a positive multiple of attention.block_size={a.block_size}, got {t.val_seq_len}"),
+        (t.batch_seqs > 0, "train.batch_seqs", f"must be > 0, got {t.batch_seqs}"),
+        (t.val_every >= 0, "train.val_every", f"must be >= 0, got {t.val_every}"),
+        (t.val_tokens >= 0, "train.val_tokens", f"must be >= 0, got {t.val_tokens}"),
+        (t.warmup_steps >= 0, "train.warmup_steps", f"must be >= 0, got {t.warmup_steps}"),
+        (m.num_heads * m.head_dim > 0, "model.num_heads", "heads and head_dim must be > 0"),
+        (m.head_dim % 4 == 0, "model.head_dim", f"must be a multiple of 4, got {m.head_dim}"),
+        (m.num_layers >= 1, "model.num_layers", f"must be >= 1, got {m.num_layers}"),
+        (m.activation in ("relu2", "gelu"), "model.activation", f"must be relu2 or gelu, got {m.activation!r}"),
+        (m.positions in ("rotary", "learned"), "model.positions", f"must be rotary or learned, got {m.positions!r}"),
+        (m.rotary in ("half_truncated", "full"), "model.rotary", f"must be half_truncated or full, got {m.rotary!r}"),
+        (m.norm in ("rms", "layer"), "model.norm", f"must be rms or layer, got {m.norm!r}"),
+        (m.softcap_form in ("sigmoid", "tanh"), "model.softcap_form", f"must be sigmoid or tanh, got {m.softcap_form!r}"),
+        (2 * m.value_embeds <= m.num_layers, "model.value_embeds",
+         f"needs 2*value_embeds <= num_layers, got {m.value_embeds} for {m.num_layers} layers"),
+        (m.gate_inputs <= m.model_dim, "model.gate_inputs", "must be <= model_dim"),
+        (a.window in ("none", "fixed", "growing"), "attention.window", f"must be none, fixed or growing, got {a.window!r}"),
+        (a.backend in ("auto", "flex", "dense"), "attention.backend", f"must be auto, flex or dense, got {a.backend!r}"),
+        (cfg.optim.kind in ("muon", "adamw"), "optim.kind", f"must be muon or adamw, got {cfg.optim.kind!r}"),
+        (t.compile in ("auto", "on", "off"), "train.compile", f"must be auto, on or off, got {t.compile!r}"),
+        (0 <= cfg.schedule.cooldown_frac <= 1, "schedule.cooldown_frac", "must be in [0, 1]"),
+        (0 <= cfg.schedule.warmup_frac <= 1, "schedule.warmup_frac", "must be in [0, 1]"),
+    ]
+    if m.positions == "learned":
+        checks.append((t.seq_len <= m.max_positions, "model.max_positions",
+                       f"learned positions need max_positions >= train.seq_len={t.seq_len}"))
+    for ok, name, msg in checks:
+        if not ok:
+            raise ConfigError(f"{name}: {msg}")
+    if world_size not in ALLOWED_WORLD_SIZES or t.batch_seqs % world_size:
+        raise ConfigError(
+            f"world size {world_size}: preset '{cfg.name}' splits train.batch_seqs={t.batch_seqs} sequences "
+            f"per step over 1, 2, 4 or 8 ranks dividing it; launch with one of "
+            f"{[w for w in ALLOWED_WORLD_SIZES if t.batch_seqs % w == 0]} processes")
+    if t.val_tokens and t.val_tokens % (world_size * t.val_seq_len):
+        raise ConfigError(
+            f"train.val_tokens: {t.val_tokens} is not a multiple of world size x train.val_seq_len "
+            f"= {world_size} x {t.val_seq_len}")
+
