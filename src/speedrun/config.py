@@ -48,7 +48,8 @@ class ModelConfig:
     no_attn_layers: tuple[int, ...] = (7,)
     long_layers: tuple[int, ...] = (0, 4, 7, 11)  # layers with the long window; others short
     fp8_head: bool = True  # FP8 head in training where the GPU supports it
-    bf16_embeds: bool = True  # embeddings stored in bfloat16 (GPU)
+    bf16_embeds: bool = True  # embeddings stored in bfloat16 when activations are bfloat16
+    bias: bool = False  # biases in linear layers (llm.c GPT-2)
 
     @property
     def padded_vocab(self) -> int:
@@ -66,6 +67,7 @@ class AttentionConfig:
     window_tokens: int = 1728  # final long window before rounding up to a block
     long_short: bool = True  # short window = long // 2 on non-long layers
     backend: str = "auto"  # "auto" | "flex" | "dense"
+    segment_len: int = 0  # >0: the row is independent sequences of this length (positions restart)
 
 
 @dataclass
@@ -86,8 +88,7 @@ class OptimConfig:
     adamw_lr: float = 0.0018
     adamw_betas: tuple[float, float] = (0.9, 0.95)
     adamw_eps: float = 1e-8
-    weight_decay: float = 0.0
-    grad_clip: float = 0.0  # 0 = none
+    weight_decay: float = 0.0  # AdamW, on matrices and embeddings
 
 
 @dataclass
@@ -115,6 +116,7 @@ class TrainConfig:
     seed: int = 0
     compile: str = "auto"  # "auto" (on CUDA) | "on" | "off"
     log_every: int = 1
+    dtype: str = "auto"  # activations: "auto" (bfloat16 on CUDA, float32 on CPU) | "bfloat16" | "float32"
     sample_tokens: int = 0  # print this many sampled tokens at the end (demo)
 
 
@@ -274,6 +276,11 @@ def validate(cfg: RunConfig, world_size: int = 1) -> None:
         (2 * m.value_embeds <= m.num_layers, "model.value_embeds",
          f"needs 2*value_embeds <= num_layers, got {m.value_embeds} for {m.num_layers} layers"),
         (m.gate_inputs <= m.model_dim, "model.gate_inputs", "must be <= model_dim"),
+        (m.num_heads * m.head_dim == m.model_dim, "model.head_dim",
+         f"num_heads x head_dim must equal model_dim, got {m.num_heads} x {m.head_dim} != {m.model_dim}"),
+        (t.dtype in ("auto", "bfloat16", "float32"), "train.dtype", f"must be auto, bfloat16 or float32, got {t.dtype!r}"),
+        (not a.segment_len or t.seq_len % a.segment_len == 0, "attention.segment_len",
+         f"train.seq_len={t.seq_len} must be a multiple of it"),
         (a.window in ("none", "fixed", "growing"), "attention.window", f"must be none, fixed or growing, got {a.window!r}"),
         (a.backend in ("auto", "flex", "dense"), "attention.backend", f"must be auto, flex or dense, got {a.backend!r}"),
         (cfg.optim.kind in ("muon", "adamw"), "optim.kind", f"must be muon or adamw, got {cfg.optim.kind!r}"),

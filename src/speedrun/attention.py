@@ -1,0 +1,188 @@
+"""Document-causal, block-sparse sliding-window attention.
+
+The record's mask has three parts: causal, same document (a document starts
+at each 50256 token), and a block-sparse window: each 128-token query block
+sees at most its W nearest key blocks that the first two parts allow (its own
+diagonal block always included). Which blocks are "nearest" is decided on
+the block level: blocks entirely inside the query's document ("full") are
+taken nearest first, up to W - 1 of them; blocks that are only partly
+visible ("partial": the diagonal and document-boundary blocks) fill the rest,
+at least one.
+
+Two backends compute the same function:
+- `flex`: FlexAttention with a `BlockMask` built from the block structure.
+  The window is a tensor, so a new window size never recompiles.
+- `dense`: a plain boolean (T, T) mask and `scaled_dot_product_attention`;
+  the reference the tests hold FlexAttention to, and the CPU path.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+EOT = 50256
+
+
+def document_ids(tokens: Tensor) -> Tensor:
+    """Document index of every token: increments at each 50256."""
+    return (tokens == EOT).cumsum(0)
+
+
+def segment_ids(num_tokens: int, segment_len: int, device) -> Tensor:
+    """Fixed-length segments (independent sequences packed in one row)."""
+    return torch.arange(num_tokens, device=device) // segment_len
+
+
+@dataclass
+class BlockStructure:
+    """Per query block: its partial and full key blocks, nearest first."""
+
+    docs: Tensor  # (T,) document id per token
+    partial_num: Tensor  # (NB,) int32
+    partial_idx: Tensor  # (NB, NB) int32, nearest first
+    full_num: Tensor
+    full_idx: Tensor
+
+
+def _ordered(mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Counts and indices of True entries per row, highest index first."""
+    num = mask.sum(dim=-1, dtype=torch.int32)
+    idx = mask.to(torch.int8).argsort(dim=-1, descending=False, stable=True).flip(-1).to(torch.int32)
+    return num, idx
+
+
+def block_structure(docs: Tensor, block_size: int) -> BlockStructure:
+    """Classify key blocks for every query block from the document ids."""
+    nb = docs.numel() // block_size
+    b = torch.arange(nb, device=docs.device)
+    low = docs.view(nb, block_size)[:, 0]
+    high = docs.view(nb, block_size)[:, -1]
+    any_ = (b[:, None] >= b) & (low[:, None] <= high) & (high[:, None] >= low)
+    all_ = (b[:, None] > b) & (low[:, None] == high) & (high[:, None] == low)
+    partial_num, partial_idx = _ordered(any_ & ~all_)
+    full_num, full_idx = _ordered(all_)
+    return BlockStructure(docs, partial_num, partial_idx, full_num, full_idx)
+
+
+def window_counts(s: BlockStructure, window_blocks: Tensor) -> tuple[Tensor, Tensor]:
+    """How many partial and full blocks each query block keeps under window W."""
+    w = window_blocks.clamp_min(1)
+    full = torch.clamp_max(s.full_num, w - 1)
+    partial = torch.clamp_max(s.partial_num, torch.clamp_min(w - s.full_num, 1))
+    return partial, full
+
+
+# ---------------------------------------------------------------- dense reference
+
+
+def dense_mask(docs: Tensor, window_blocks: int | Tensor, block_size: int) -> Tensor:
+    """The full boolean (T, T) mask: query i may attend key j.
+
+    Computed from the token-level rule directly (not from `block_structure`),
+    so that it is an independent reference for the FlexAttention block mask.
+    """
+    t = docs.numel()
+    nb = t // block_size
+    pos = torch.arange(t, device=docs.device)
+    allowed = (pos[:, None] >= pos[None, :]) & (docs[:, None] == docs[None, :])
+    blocks = allowed.view(nb, block_size, nb, block_size)
+    b = torch.arange(nb, device=docs.device)
+    any_ = blocks.any(dim=3).any(dim=1)
+    full = blocks.all(dim=3).all(dim=1) & (b[:, None] > b[None, :])
+    partial = any_ & ~full
+    w = torch.as_tensor(window_blocks, device=docs.device).clamp_min(1)
+    # rank of each block among its kind, counted from the nearest (highest index)
+    full_rank = full.flip(-1).cumsum(-1).flip(-1) - 1
+    partial_rank = partial.flip(-1).cumsum(-1).flip(-1) - 1
+    nfull = full.sum(-1, keepdim=True)
+    keep = (full & (full_rank < w - 1)) | (partial & (partial_rank < torch.clamp_min(w - nfull, 1)))
+    keep_tokens = keep[:, None, :, None].expand(nb, block_size, nb, block_size).reshape(t, t)
+    return allowed & keep_tokens
+
+
+def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
+    """q, k, v: (B, H, T, D); mask (T, T) bool."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+
+
+# ---------------------------------------------------------------- FlexAttention
+
+
+def flex_block_mask(s: BlockStructure, window_blocks: Tensor, block_size: int):
+    from torch.nn.attention.flex_attention import BlockMask
+
+    docs = s.docs
+
+    def document_causal(b, h, q_idx, kv_idx):
+        return (q_idx >= kv_idx) & (docs[q_idx] == docs[kv_idx])
+
+    partial, full = window_counts(s, window_blocks)
+    return BlockMask.from_kv_blocks(
+        partial[None, None].contiguous(),
+        s.partial_idx[None, None].contiguous(),
+        full[None, None].contiguous(),
+        s.full_idx[None, None].contiguous(),
+        BLOCK_SIZE=block_size,
+        mask_mod=document_causal,
+    )
+
+
+@functools.lru_cache(maxsize=1)
+def _compiled_flex():
+    from torch.nn.attention.flex_attention import flex_attention as _flex
+
+    return torch.compile(_flex, dynamic=False)
+
+
+def flex_attention(q: Tensor, k: Tensor, v: Tensor, block_mask, scale: float) -> Tensor:
+    """FlexAttention, always through the compiler.
+
+    Called eagerly, FlexAttention evaluates `mask_mod` densely and ignores the
+    block sparsity, which is where the sliding window lives: it would compute
+    a different function. So outside a compiled region it goes through its
+    own compiled wrapper.
+    """
+    from torch.nn.attention.flex_attention import flex_attention as _flex
+
+    if torch.compiler.is_compiling():
+        return _flex(q, k, v, block_mask=block_mask, scale=scale)
+    return _compiled_flex()(q, k, v, block_mask=block_mask, scale=scale)
+
+
+# ---------------------------------------------------------------- interface
+
+
+class AttentionMasks:
+    """Masks for one packed sequence, built once per forward, used by every layer.
+
+    `get(long)` returns the long- or short-window mask in the form the chosen
+    backend wants; `attend` runs that backend.
+    """
+
+    def __init__(self, docs: Tensor, long_blocks: Tensor, short_blocks: Tensor, block_size: int, backend: str):
+        self.backend = backend
+        if backend == "flex":
+            s = block_structure(docs, block_size)
+            self.long = flex_block_mask(s, long_blocks, block_size)
+            self.short = flex_block_mask(s, short_blocks, block_size)
+        else:
+            self.long = dense_mask(docs, long_blocks, block_size)
+            self.short = self.long if short_blocks is long_blocks else dense_mask(docs, short_blocks, block_size)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, long: bool, scale: float) -> Tensor:
+        mask = self.long if long else self.short
+        if self.backend == "flex":
+            return flex_attention(q, k, v, mask, scale)
+        return dense_attention(q, k, v, mask, scale)
+
+
+def pick_backend(requested: str, device: torch.device) -> str:
+    """`auto`: FlexAttention on CUDA, the dense reference elsewhere."""
+    if requested != "auto":
+        return requested
+    return "flex" if device.type == "cuda" else "dense"

@@ -1,0 +1,103 @@
+"""The FP8 language-model head, as a custom op.
+
+Forward: x / x_s and w / w_s cast to float8_e4m3fn, `torch._scaled_mm` with
+fast accumulation, bfloat16 out. Backward: grad / grad_s cast to
+float8_e5m2; grad_x in bfloat16, grad_w in float32. The scales are the
+record's static ones. A `torch.library.custom_op` is opaque to
+`torch.compile`, which keeps the FP8 matmuls whole instead of decomposing
+them.
+
+Where FP8 matrix products are not available (CPU, GPUs before compute
+capability 8.9) `head_matmul` falls back to a bfloat16 (or input-dtype)
+product; `fp8_supported` says which path a device takes so the run can
+report it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+W_SCALE = 2.0**-9
+GRAD_SCALE = 1.0 / 448
+
+
+def fp8_supported(device: torch.device) -> bool:
+    if device.type != "cuda" or not hasattr(torch, "_scaled_mm"):
+        return False
+    return torch.cuda.get_device_capability(device) >= (8, 9)
+
+
+def _scale(t: Tensor, s: float) -> Tensor:
+    return torch.tensor(s, dtype=torch.float32, device=t.device)
+
+
+@torch.library.custom_op("speedrun::fp8_mm", mutates_args=())
+def fp8_mm(x: Tensor, w: Tensor, x_s: float, w_s: float, grad_s: float) -> tuple[Tensor, Tensor, Tensor]:
+    """x (N, K) @ w (M, K)^T in FP8; also returns the FP8 operands for backward."""
+    x_f8 = x.div(x_s).to(torch.float8_e4m3fn)
+    w_f8 = w.div(w_s).to(torch.float8_e4m3fn)
+    out = torch._scaled_mm(
+        x_f8, w_f8.T, out_dtype=torch.bfloat16,
+        scale_a=_scale(x, x_s), scale_b=_scale(x, w_s), use_fast_accum=True,
+    )
+    return out, x_f8, w_f8
+
+
+@fp8_mm.register_fake
+def _(x, w, x_s, w_s, grad_s):
+    out = x.new_empty((x.shape[0], w.shape[0]), dtype=torch.bfloat16)
+    return out, x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
+
+
+@torch.library.custom_op("speedrun::fp8_mm_backward", mutates_args=())
+def fp8_mm_backward(g: Tensor, x_f8: Tensor, w_f8: Tensor, x_s: float, w_s: float, grad_s: float) -> tuple[Tensor, Tensor]:
+    g_f8 = g.contiguous().div(grad_s).to(torch.float8_e5m2)
+    grad_x = torch._scaled_mm(
+        g_f8, w_f8.T.contiguous().T, out_dtype=torch.bfloat16,
+        scale_a=_scale(g, grad_s), scale_b=_scale(g, w_s), use_fast_accum=False,
+    )
+    grad_w = torch._scaled_mm(
+        x_f8.T.contiguous(), g_f8.T.contiguous().T, out_dtype=torch.float32,
+        scale_a=_scale(g, x_s), scale_b=_scale(g, grad_s), use_fast_accum=False,
+    ).T
+    return grad_x, grad_w
+
+
+@fp8_mm_backward.register_fake
+def _(g, x_f8, w_f8, *_):
+    return x_f8.to(torch.bfloat16), w_f8.to(torch.float32)
+
+
+def _setup_context(ctx, inputs, output):
+    x, w, x_s, w_s, grad_s = inputs
+    _, x_f8, w_f8 = output
+    ctx.save_for_backward(x_f8, w_f8)
+    ctx.scales = (x_s, w_s, grad_s)
+
+
+def _backward(ctx, grad_out, *_):
+    x_f8, w_f8 = ctx.saved_tensors
+    x_s, w_s, grad_s = ctx.scales
+    grad_x, grad_w = torch.ops.speedrun.fp8_mm_backward(grad_out, x_f8, w_f8, x_s, w_s, grad_s)
+    return grad_x, grad_w, None, None, None
+
+
+fp8_mm.register_autograd(_backward, setup_context=_setup_context)
+
+
+def head_matmul(x: Tensor, w: Tensor, use_fp8: bool) -> Tensor:
+    """Logits of the head: x (..., K) @ w (M, K)^T.
+
+    FP8 when `use_fp8` (training on a supporting GPU), else in x's dtype.
+    x is RMS-normed, so |x_i| <= sqrt(K): x_s = sqrt(K) / 448 maps that onto
+    e4m3's largest value (sqrt(768) / 448 in the record).
+    """
+    if use_fp8:
+        flat = x.reshape(-1, x.shape[-1]).contiguous()
+        x_s = math.sqrt(x.shape[-1]) / 448
+        out = torch.ops.speedrun.fp8_mm(flat, w.contiguous(), x_s, W_SCALE, GRAD_SCALE)[0]
+        return out.view(*x.shape[:-1], w.shape[0])
+    return torch.nn.functional.linear(x, w.type_as(x))

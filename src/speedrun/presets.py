@@ -1,0 +1,69 @@
+"""Presets: plain functions returning a RunConfig, each derived from another.
+
+`record` is the 2025-08 FlexAttention record; `demo` is the same
+architecture shrunk to train on the embedded corpus on two CPU cores in a
+few minutes. The record ladder (ladder.py) is a chain of such functions.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from speedrun.config import RunConfig
+from speedrun.errors import ConfigError
+
+
+def record() -> RunConfig:
+    """The 2025-08-23 record: 1695 steps of 8 x 49,152 tokens."""
+    return RunConfig(name="record")
+
+
+def demo() -> RunConfig:
+    """The record's architecture, small: the README's main command on a CPU."""
+    cfg = record()
+    cfg.name = "demo"
+    m, a, t, d = cfg.model, cfg.attention, cfg.train, cfg.data
+    m.num_layers, m.model_dim, m.num_heads, m.head_dim, m.mlp_hidden = 6, 128, 2, 64, 512
+    m.value_embeds, m.no_attn_layers, m.long_layers = 2, (), (0, 5)
+    a.window_tokens = 256
+    t.steps, t.seq_len, t.batch_seqs, t.bos_align = 80, 256, 8, False
+    t.val_tokens, t.val_seq_len, t.val_every = 8192, 2048, 40
+    t.warmup_steps, t.sample_tokens = 0, 48
+    d.data_dir = "demo"
+    d.train_pattern, d.val_pattern = "demo_train_*.bin", "demo_val_*.bin"
+    return cfg
+
+
+def registry() -> dict[str, Callable[[], RunConfig]]:
+    """Every preset by name: the base presets, then the ladder's rungs."""
+    presets: dict[str, Callable[[], RunConfig]] = {"record": record, "demo": demo}
+    try:
+        from speedrun.ladder import rungs
+    except ImportError:
+        return presets
+    for rung in rungs():
+        presets.setdefault(rung.name, rung.build)
+    return presets
+
+
+def get_preset(name: str) -> RunConfig:
+    presets = registry()
+    if name not in presets:
+        import difflib
+
+        near = difflib.get_close_matches(name, list(presets), n=1)
+        hint = f"; did you mean '{near[0]}'?" if near else f"; known: {', '.join(presets)}"
+        raise ConfigError(f"--preset {name}: no such preset{hint}")
+    return presets[name]()
+
+
+def describe(name: str) -> str:
+    """The resolved config and parameter count, for `speedrun info --preset`."""
+    from speedrun.model import GPT, count_parameters
+
+    import torch
+
+    cfg = get_preset(name)
+    with torch.device("meta"):
+        n = count_parameters(GPT(cfg.model, cfg.attention))
+    return f"{cfg.to_json()}\nparameters: {n:,}"

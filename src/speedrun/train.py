@@ -1,0 +1,388 @@
+"""The training loop: `speedrun train` and `torchrun ... -m speedrun.train`.
+
+It follows the speedrun's timing rules: `warmup_steps` untimed steps compile
+and warm the kernels, then model, optimisers and data position are restored
+to their initial values; the clock runs only over training steps and stops
+during validation. The global batch is fixed: with W ranks each runs
+batch_seqs / W micro-steps and the optimisers average the gradients.
+
+Nothing in a training step waits on the host: losses stay on the device and
+are written to metrics.jsonl at the next validation (which synchronises
+anyway).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from speedrun import schedules
+from speedrun.attention import pick_backend
+from speedrun.config import RunConfig, apply_overrides, validate
+from speedrun.dist import DistInfo, all_reduce_mean, init_distributed, shutdown
+from speedrun.errors import SpeedrunError
+from speedrun.fp8 import fp8_supported
+from speedrun.model import GPT, count_parameters
+from speedrun.optimizers import build_optimizers
+from speedrun.rundir import RunDir, default_out_dir, git_commit
+
+
+def process_start_time() -> float:
+    """Wall-clock time at which this process started (Linux /proc), else now."""
+    try:
+        import os
+
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot = next(float(line.split()[1]) for line in open("/proc/stat") if line.startswith("btime"))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, StopIteration, IndexError):
+        return time.time()
+
+
+# ------------------------------------------------------------------ arguments
+
+
+def add_train_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", default="demo", help="preset name (speedrun ladder lists them; default: demo)")
+    p.add_argument("--steps", type=int, help="training steps; every schedule scales with it")
+    p.add_argument("--data-dir", help="folder with the shards (default: the preset's; 'demo' = embedded corpus)")
+    p.add_argument("--val-tokens", type=int, help="validation tokens (0 = no validation)")
+    p.add_argument("--val-every", type=int, help="validate every N steps (0 = only at the end)")
+    p.add_argument("--seed", type=int, help="random seed for the initialisation")
+    p.add_argument("--out", help="run folder (default: runs/<preset>-<time>)")
+    p.add_argument("--overwrite", action="store_true", help="reuse an --out folder that holds a finished run")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                   help="override any config field, e.g. --set model.value_embeds=0 (repeatable)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def resolve_config(args: argparse.Namespace) -> RunConfig:
+    from speedrun.presets import get_preset
+
+    cfg = get_preset(args.preset)
+    flags = {"train.steps": args.steps, "data.data_dir": args.data_dir, "train.val_tokens": args.val_tokens,
+             "train.val_every": args.val_every, "train.seed": args.seed}
+    apply_overrides(cfg, [f"{k}={v}" for k, v in flags.items() if v is not None])
+    return apply_overrides(cfg, args.overrides)
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("train", help="train a preset (one process; torchrun -m speedrun.train for several GPUs)")
+    add_train_arguments(p)
+    p.set_defaults(func=cli_train)
+
+
+def cli_train(args: argparse.Namespace) -> int:
+    t_start = process_start_time()
+    cfg = resolve_config(args)
+    info = init_distributed()
+    try:
+        validate(cfg, info.world_size)
+        out = Path(args.out) if args.out else default_out_dir(cfg.name)
+        trainer = Trainer(cfg, info, out, overwrite=args.overwrite, progress=not args.no_progress, t_start=t_start)
+        trainer.run()
+    finally:
+        shutdown()
+    return 0
+
+
+# ------------------------------------------------------------------ trainer
+
+
+def pick_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"bfloat16": torch.bfloat16, "float32": torch.float32}[name]
+
+
+def use_compile(mode: str, device: torch.device) -> bool:
+    return mode == "on" or (mode == "auto" and device.type == "cuda")
+
+
+def resolve_data(cfg: RunConfig) -> tuple[list[Path], Path | None]:
+    from speedrun.paths import default_fineweb_dir, demo_data_dir, resolve_files
+
+    d = cfg.data.data_dir
+    folder = demo_data_dir() if d == "demo" else Path(d) if d else default_fineweb_dir()
+    train = resolve_files(folder, cfg.data.train_pattern)
+    val = resolve_files(folder, cfg.data.val_pattern)[0] if cfg.train.val_tokens else None
+    return train, val
+
+
+@dataclass
+class Clock:
+    """Training time: runs between `start` and `stop`, synchronising the device."""
+
+    device: torch.device
+    elapsed: float = 0.0
+    _t0: float | None = None
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def start(self) -> None:
+        self._sync()
+        self._t0 = time.perf_counter()
+
+    def stop(self) -> None:
+        self._sync()
+        if self._t0 is not None:
+            self.elapsed += time.perf_counter() - self._t0
+        self._t0 = None
+
+    def approx_ms(self) -> float:
+        """Without synchronising (for logging between validations)."""
+        extra = time.perf_counter() - self._t0 if self._t0 is not None else 0.0
+        return 1000 * (self.elapsed + extra)
+
+
+@dataclass
+class PendingLosses:
+    """Per-step training losses kept on the device until the next sync point."""
+
+    steps: list = field(default_factory=list)
+    losses: list = field(default_factory=list)
+    times: list = field(default_factory=list)
+
+    def add(self, step: int, loss: torch.Tensor, ms: float) -> None:
+        self.steps.append(step)
+        self.losses.append(loss)
+        self.times.append(ms)
+
+    def flush(self) -> list[tuple[int, float, float]]:
+        if not self.losses:
+            return []
+        values = torch.stack(self.losses).float().tolist()
+        out = list(zip(self.steps, values, self.times))
+        self.steps, self.losses, self.times = [], [], []
+        return out
+
+
+class Trainer:
+    def __init__(self, cfg: RunConfig, info: DistInfo, out: Path, overwrite: bool = False,
+                 progress: bool = True, t_start: float | None = None):
+        self.cfg, self.info = cfg, info
+        self.t_start = t_start or time.time()
+        self.device = info.device
+        self.dtype = pick_dtype(cfg.train.dtype, self.device)
+        self.progress = progress and info.is_main
+        self.out = RunDir(out, overwrite=overwrite) if info.is_main else None
+        self.micro_steps = cfg.train.batch_seqs // info.world_size
+        self.tokens_per_step = cfg.train.batch_seqs * cfg.train.seq_len
+        self._windows: dict[int, torch.Tensor] = {}
+        self._build()
+
+    # -------------------------------------------------------------- set-up
+
+    def _build(self) -> None:
+        cfg, info = self.cfg, self.info
+        torch.manual_seed(cfg.train.seed)
+        self.model = GPT(cfg.model, cfg.attention, pad_scalars_to=info.world_size).to(self.device)
+        if self.dtype == torch.bfloat16 and cfg.model.bf16_embeds:
+            for m in self.model.modules():
+                if isinstance(m, torch.nn.Embedding):
+                    m.to(torch.bfloat16)
+        self.model.attention_backend = pick_backend(cfg.attention.backend, self.device)
+        self.model.use_fp8 = cfg.model.fp8_head and fp8_supported(self.device)
+        self.compiled = use_compile(cfg.train.compile, self.device)
+        self.step_model = torch.compile(self.model, dynamic=False, fullgraph=True) if self.compiled else self.model
+        self.optimizers = build_optimizers(self.model, cfg.optim)
+        train_files, self.val_file = resolve_data(cfg)
+        from speedrun.loader import TrainLoader
+
+        self.loader = TrainLoader(train_files, cfg.train.seq_len, cfg.train.batch_seqs, info.rank,
+                                  info.world_size, self.device, bos_align=cfg.train.bos_align)
+
+    def describe(self) -> dict:
+        return {
+            "parameters": count_parameters(self.model), "world_size": self.info.world_size,
+            "micro_steps": self.micro_steps, "dtype": str(self.dtype).replace("torch.", ""),
+            "attention_backend": self.model.attention_backend, "fp8_head": self.model.use_fp8,
+            "compile": self.compiled, "device": str(self.device),
+        }
+
+    def _write_run_header(self) -> None:
+        if not self.out:
+            return
+        from speedrun.env import environment
+
+        env = environment()
+        env["git_commit"] = git_commit()
+        env["run"] = self.describe()
+        self.out.write_json("config.json", self.cfg.to_dict())
+        self.out.write_json("env.json", env)
+
+    # -------------------------------------------------------------- schedules
+
+    def window(self, step: int) -> torch.Tensor:
+        blocks = schedules.window_blocks(step / self.cfg.train.steps, self.cfg.attention)
+        if blocks not in self._windows:
+            self._windows[blocks] = torch.tensor(blocks, dtype=torch.int32, device=self.device)
+        return self._windows[blocks]
+
+    def set_schedules(self, step: int) -> None:
+        progress = step / self.cfg.train.steps
+        mult = schedules.lr_multiplier(progress, self.cfg.schedule)
+        o = self.cfg.optim
+        momentum = schedules.muon_momentum(progress, self.cfg.schedule, o.muon_momentum_start, o.muon_momentum)
+        for opt in self.optimizers:
+            for group in opt.param_groups:
+                group["lr"] = group["initial_lr"] * mult
+                if "momentum" in group:
+                    group["momentum"] = momentum
+
+    # -------------------------------------------------------------- steps
+
+    def train_step(self, step: int) -> torch.Tensor:
+        """One optimiser step over this rank's micro-steps; returns its mean loss (device)."""
+        self.set_schedules(step)
+        window = self.window(step)
+        total = torch.zeros((), device=self.device)
+        batches = self.loader.next_step()
+        for inputs, targets in batches:
+            loss = self.step_model(inputs, targets, window, self.dtype)
+            (loss / len(batches)).backward()
+            total += loss.detach()
+        for opt in self.optimizers:
+            opt.step()
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=True)
+        return total / (len(batches) * self.cfg.train.seq_len)
+
+    @torch.no_grad()
+    def evaluate(self, step: int) -> float:
+        from speedrun.loader import val_batches
+
+        t = self.cfg.train
+        self.model.eval()
+        window = self.window(step)
+        total, n = torch.zeros((), device=self.device), 0
+        for inputs, targets in val_batches(self.val_file, t.val_tokens, t.val_seq_len, self.info.rank,
+                                           self.info.world_size, self.device):
+            total += self.step_model(inputs, targets, window, self.dtype).float()
+            n += 1
+        self.model.train()
+        return all_reduce_mean(total / max(n, 1)).item()
+
+    def warm_up(self) -> None:
+        """Compile and warm kernels, then restore model, optimisers and data."""
+        n = self.cfg.train.warmup_steps
+        if n == 0:
+            return
+        model_state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        loader_state = self.loader.state_dict()
+        for step in range(n):
+            self.train_step(step * self.cfg.train.steps // max(n, 1))
+        if self.val_file is not None:
+            self.evaluate(0)
+        self.model.load_state_dict(model_state)
+        self.optimizers = build_optimizers(self.model, self.cfg.optim)
+        self.loader.load_state_dict(loader_state)
+
+    # -------------------------------------------------------------- loop
+
+    def _log(self, record: dict) -> None:
+        if self.out:
+            self.out.log(record)
+
+    def _flush_losses(self, pending: PendingLosses) -> None:
+        for step, loss, ms in pending.flush():
+            self._log({"step": step, "train_loss": loss, "train_time_ms": ms,
+                       "tokens": step * self.tokens_per_step})
+
+    def _validate(self, step: int, clock: Clock, pending: PendingLosses, bar) -> float | None:
+        clock.stop()
+        self._flush_losses(pending)
+        if not self.cfg.train.val_tokens:
+            return None
+        loss = self.evaluate(step)
+        ms = clock.elapsed * 1000
+        self._log({"step": step, "val_loss": loss, "train_time_ms": ms, "tokens": step * self.tokens_per_step})
+        if self.info.is_main:
+            msg = f"step {step}/{self.cfg.train.steps}  val_loss {loss:.4f}  train_time {ms / 1000:.1f}s"
+            (bar.write if bar else print)(msg)
+        return loss
+
+    def run(self) -> dict:
+        cfg, t = self.cfg, self.cfg.train
+        self._write_run_header()
+        if self.info.is_main:
+            d = self.describe()
+            print(f"speedrun: {cfg.name}: {d['parameters']:,} parameters, {self.info.world_size} rank(s) x "
+                  f"{self.micro_steps} micro-step(s), {d['dtype']}, attention={d['attention_backend']}, "
+                  f"fp8_head={d['fp8_head']}, compile={d['compile']}", flush=True)
+        self.warm_up()
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        clock, pending, val_loss = Clock(self.device), PendingLosses(), None
+        from tqdm import tqdm
+
+        bar = tqdm(total=t.steps, disable=not self.progress, unit="step", dynamic_ncols=True)
+        cold_start = time.time() - self.t_start
+        clock.start()
+        for step in range(t.steps + 1):
+            last = step == t.steps
+            if last or (t.val_every and step % t.val_every == 0):
+                val_loss = self._validate(step, clock, pending, bar)
+                clock.start()
+            if last:
+                break
+            loss = self.train_step(step)
+            if t.log_every and step % t.log_every == 0:
+                pending.add(step + 1, loss, clock.approx_ms())
+            bar.update(1)
+        clock.stop()
+        bar.close()
+        return self._finish(val_loss, clock, cold_start)
+
+    def _finish(self, val_loss: float | None, clock: Clock, cold_start: float) -> dict:
+        t = self.cfg.train
+        peak = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None
+        summary = {
+            "preset": self.cfg.name, "steps": t.steps, "final_val_loss": val_loss,
+            "train_time_ms": clock.elapsed * 1000, "ms_per_step": clock.elapsed * 1000 / t.steps,
+            "peak_memory_bytes": peak, "cold_start_s": cold_start,
+            "tokens": t.steps * self.tokens_per_step, **self.describe(),
+        }
+        if self.out:
+            from speedrun.checkpoint import save_model_files
+
+            save_model_files(self.model, self.cfg, self.out.path)
+            self.out.write_json("summary.json", summary)
+            self.out.close()
+            print(f"speedrun: final val_loss {val_loss}, training time {clock.elapsed:.1f}s "
+                  f"({summary['ms_per_step']:.1f} ms/step), cold start {cold_start:.1f}s -> {self.out.path}")
+        if t.sample_tokens and self.info.is_main:
+            self._print_sample()
+        return summary
+
+    def _print_sample(self) -> None:
+        try:
+            from speedrun.sample import generate_text
+        except ImportError:
+            return
+        text = generate_text(self.model, "It was a dark and stormy night", self.cfg.train.sample_tokens,
+                             window_blocks=int(self.window(self.cfg.train.steps)), dtype=self.dtype)
+        print(f"sample: {text}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point for `python -m speedrun.train` / torchrun."""
+    parser = argparse.ArgumentParser(prog="python -m speedrun.train", description=register.__doc__)
+    add_train_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return cli_train(args)
+    except SpeedrunError as e:
+        print(f"speedrun: error: {e}", file=sys.stderr)
+        return e.exit_code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

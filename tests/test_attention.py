@@ -1,0 +1,93 @@
+"""FlexAttention block masks against the dense reference mask."""
+
+import pytest
+import torch
+
+from speedrun.attention import (
+    AttentionMasks, EOT, block_structure, dense_mask, document_ids, window_counts,
+)
+
+
+def random_tokens(n, p_doc, gen):
+    tok = torch.randint(0, 50000, (n,), generator=gen)
+    tok[torch.rand(n, generator=gen) < p_doc] = EOT
+    tok[0] = EOT
+    return tok
+
+
+def block_mask_from_structure(docs, w, bs):
+    """Expand the FlexAttention-side block selection to a (T, T) mask."""
+    s = block_structure(docs, bs)
+    partial, full = window_counts(s, torch.tensor(w))
+    nb = docs.numel() // bs
+    keep = torch.zeros(nb, nb, dtype=torch.bool)
+    for q in range(nb):
+        keep[q, s.partial_idx[q, : partial[q]].long()] = True
+        keep[q, s.full_idx[q, : full[q]].long()] = True
+    t = docs.numel()
+    pos = torch.arange(t)
+    allowed = (pos[:, None] >= pos) & (docs[:, None] == docs)
+    return allowed & keep.repeat_interleave(bs, 0).repeat_interleave(bs, 1)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_block_selection_matches_dense_reference(seed):
+    gen = torch.Generator().manual_seed(seed)
+    bs = 16
+    tok = random_tokens(bs * 12, [0.0, 0.01, 0.05, 0.2, 0.02, 0.1][seed], gen)
+    docs = document_ids(tok)
+    for w in [0, 1, 2, 3, 5, 12, 100]:
+        assert torch.equal(block_mask_from_structure(docs, w, bs), dense_mask(docs, w, bs)), (seed, w)
+
+
+def test_dense_mask_rules():
+    bs = 4
+    tok = torch.tensor([EOT, 1, 2, 3, 4, 5, EOT, 6, 7, 8, 9, 10, 11, 12, 13, 14])
+    m = dense_mask(document_ids(tok), 2, bs)
+    assert not m[7, 5]  # other document
+    assert m[7, 6] and m[5, 0]
+    assert not m[2, 3]  # causal
+    assert m[15, 8] and not m[15, 7]  # window: blocks 2 and 3 only
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_flex_equals_dense_forward_cpu(seed):
+    gen = torch.Generator().manual_seed(seed)
+    bs, T, H, D = 128, 512, 2, 16
+    tok = random_tokens(T, 0.004 * (seed + 1), gen)
+    docs = document_ids(tok)
+    q, k, v = (torch.randn(1, H, T, D, generator=gen) for _ in range(3))
+    for w in [1, 2, 3]:
+        long, short = torch.tensor(w), torch.tensor(max(w // 2, 1))
+        flex = AttentionMasks(docs, long, short, bs, "flex")
+        dense = AttentionMasks(docs, long, short, bs, "dense")
+        for is_long in (True, False):
+            a = flex.attend(q, k, v, is_long, 0.12)
+            b = dense.attend(q, k, v, is_long, 0.12)
+            torch.testing.assert_close(a, b, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seed", range(3))
+def test_compiled_flex_equals_dense_with_grad_gpu(cuda, seed):
+    gen = torch.Generator().manual_seed(seed)
+    bs, T, H, D = 128, 4096, 6, 128
+    tok = random_tokens(T, 0.002 * (seed + 1), gen).to(cuda)
+    docs = document_ids(tok)
+    qkv = [torch.randn(1, H, T, D, generator=gen).to(cuda, torch.bfloat16).requires_grad_() for _ in range(3)]
+
+    @torch.compile(fullgraph=True)
+    def run_flex(q, k, v, w):
+        return AttentionMasks(docs, w, w // 2, bs, "flex").attend(q, k, v, True, 0.12)
+
+    for w in [1, 5, 14]:
+        wt = torch.tensor(w, device=cuda, dtype=torch.int32)
+        out = run_flex(*qkv, wt)
+        grads = torch.autograd.grad(out.float().square().sum(), qkv)
+        ref_in = [t.detach().float().requires_grad_() for t in qkv]
+        ref = AttentionMasks(docs, wt, wt // 2, bs, "dense").attend(*ref_in, True, 0.12)
+        ref_grads = torch.autograd.grad(ref.square().sum(), ref_in)
+        rel = (out.float() - ref).norm() / ref.norm()
+        assert rel < 1e-2, rel
+        for g, r in zip(grads, ref_grads):
+            assert (g.float() - r).norm() / r.norm() < 2e-2
