@@ -19,6 +19,12 @@ COMMAND_MODULES = [
     "speedrun.env",  # info
     "speedrun.train",  # train
     "speedrun.data_cli",  # data tokenize | fineweb
+    "speedrun.stats",  # stats
+    "speedrun.plot",  # plot
+    "speedrun.sample",  # sample
+    "speedrun.export_hf",  # export hf
+    "speedrun.hellaswag",  # eval hellaswag
+    "speedrun.tensorboard_log",  # tensorboard
 ]
 
 
