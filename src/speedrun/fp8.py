@@ -15,6 +15,7 @@ report it.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -34,9 +35,7 @@ def _scale(t: Tensor, s: float) -> Tensor:
     return torch.tensor(s, dtype=torch.float32, device=t.device)
 
 
-@torch.library.custom_op("speedrun::fp8_mm", mutates_args=())
-def fp8_mm(x: Tensor, w: Tensor, x_s: float, w_s: float, grad_s: float) -> tuple[Tensor, Tensor, Tensor]:
-    """x (N, K) @ w (M, K)^T in FP8; also returns the FP8 operands for backward."""
+def _forward_impl(x: Tensor, w: Tensor, x_s: float, w_s: float) -> tuple[Tensor, Tensor, Tensor]:
     x_f8 = x.div(x_s).to(torch.float8_e4m3fn)
     w_f8 = w.div(w_s).to(torch.float8_e4m3fn)
     out = torch._scaled_mm(
@@ -46,15 +45,8 @@ def fp8_mm(x: Tensor, w: Tensor, x_s: float, w_s: float, grad_s: float) -> tuple
     return out, x_f8, w_f8
 
 
-@fp8_mm.register_fake
-def _(x, w, x_s, w_s, grad_s):
-    out = x.new_empty((x.shape[0], w.shape[0]), dtype=torch.bfloat16)
-    return out, x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
-
-
-@torch.library.custom_op("speedrun::fp8_mm_backward", mutates_args=())
-def fp8_mm_backward(g: Tensor, x_f8: Tensor, w_f8: Tensor, x_s: float, w_s: float, grad_s: float) -> tuple[Tensor, Tensor]:
-    g_f8 = g.contiguous().div(grad_s).to(torch.float8_e5m2)
+def _backward_impl(g: Tensor, x_f8: Tensor, w_f8: Tensor, x_s: float, w_s: float, grad_s: float) -> tuple[Tensor, Tensor]:
+    g_f8 = g.div(grad_s).to(torch.float8_e5m2)
     grad_x = torch._scaled_mm(
         g_f8, w_f8.T.contiguous().T, out_dtype=torch.bfloat16,
         scale_a=_scale(g, grad_s), scale_b=_scale(g, w_s), use_fast_accum=False,
@@ -66,9 +58,37 @@ def fp8_mm_backward(g: Tensor, x_f8: Tensor, w_f8: Tensor, x_s: float, w_s: floa
     return grad_x, grad_w
 
 
+@functools.lru_cache(maxsize=None)
+def _compiled(fn):
+    """The op bodies compiled on their own: scaling, casting and the transposed
+    copies of the (tokens x vocabulary) gradient fuse into a few passes instead
+    of eager PyTorch's many full-size temporaries (measured: 25.7 ms of the
+    backward per 49,152-token micro-step in eager)."""
+    return torch.compile(fn, dynamic=False)
+
+
+@torch.library.custom_op("speedrun::fp8_mm", mutates_args=())
+def fp8_mm(x: Tensor, w: Tensor, x_s: float, w_s: float, grad_s: float) -> tuple[Tensor, Tensor, Tensor]:
+    """x (N, K) @ w (M, K)^T in FP8; also returns the FP8 operands for backward."""
+    return _compiled(_forward_impl)(x, w, x_s, w_s)
+
+
+@fp8_mm.register_fake
+def _(x, w, x_s, w_s, grad_s):
+    out = x.new_empty((x.shape[0], w.shape[0]), dtype=torch.bfloat16)
+    return out, x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
+
+
+@torch.library.custom_op("speedrun::fp8_mm_backward", mutates_args=())
+def fp8_mm_backward(g: Tensor, x_f8: Tensor, w_f8: Tensor, x_s: float, w_s: float, grad_s: float) -> tuple[Tensor, Tensor]:
+    return _compiled(_backward_impl)(g.contiguous(), x_f8, w_f8, x_s, w_s, grad_s)
+
+
 @fp8_mm_backward.register_fake
 def _(g, x_f8, w_f8, *_):
-    return x_f8.to(torch.bfloat16), w_f8.to(torch.float32)
+    grad_x = x_f8.new_empty(x_f8.shape, dtype=torch.bfloat16)
+    grad_w = w_f8.new_empty((w_f8.shape[1], w_f8.shape[0]), dtype=torch.float32).T  # same strides as the op
+    return grad_x, grad_w
 
 
 def _setup_context(ctx, inputs, output):
