@@ -118,6 +118,15 @@ class TrainConfig:
     log_every: int = 1
     dtype: str = "auto"  # activations: "auto" (bfloat16 on CUDA, float32 on CPU) | "bfloat16" | "float32"
     sample_tokens: int = 0  # print this many sampled tokens at the end (demo)
+    # Reliability (see docs/reliability.md). Checkpoints: every N steps and/or every M minutes (0 = off).
+    checkpoint_every_steps: int = 0
+    checkpoint_every_minutes: float = 0.0
+    health_every: int = 0  # health record (norms, activation RMS) every K steps; 0 = checks only at val/checkpoints
+    spike_factor: float = 2.0  # loss > factor x median of recent losses is a spike (0 = off)
+    on_fault: str = "stop"  # non-finite loss/gradient or spike: "stop" | "recover"
+    max_recoveries: int = 3  # "recover": stop after this many roll-backs
+    recover_lr_factor: float = 0.5  # "recover": lr multiplied by this at each roll-back
+    inject_fault: str = ""  # TESTING ONLY: e.g. "nan@5,grad_inf@3,spike@4,oom@2,sigterm@6" (batch index)
 
 
 @dataclass
@@ -287,6 +296,13 @@ def validate(cfg: RunConfig, world_size: int = 1) -> None:
         (t.compile in ("auto", "on", "off"), "train.compile", f"must be auto, on or off, got {t.compile!r}"),
         (0 <= cfg.schedule.cooldown_frac <= 1, "schedule.cooldown_frac", "must be in [0, 1]"),
         (0 <= cfg.schedule.warmup_frac <= 1, "schedule.warmup_frac", "must be in [0, 1]"),
+        (t.checkpoint_every_steps >= 0, "train.checkpoint_every_steps", f"must be >= 0, got {t.checkpoint_every_steps}"),
+        (t.checkpoint_every_minutes >= 0, "train.checkpoint_every_minutes", "must be >= 0"),
+        (t.health_every >= 0, "train.health_every", f"must be >= 0, got {t.health_every}"),
+        (t.spike_factor == 0 or t.spike_factor > 1, "train.spike_factor", f"must be 0 (off) or > 1, got {t.spike_factor}"),
+        (t.on_fault in ("stop", "recover"), "train.on_fault", f"must be stop or recover, got {t.on_fault!r}"),
+        (t.max_recoveries >= 0, "train.max_recoveries", f"must be >= 0, got {t.max_recoveries}"),
+        (0 < t.recover_lr_factor <= 1, "train.recover_lr_factor", f"must be in (0, 1], got {t.recover_lr_factor}"),
     ]
     if m.positions == "learned":
         checks.append((t.seq_len <= m.max_positions, "model.max_positions",

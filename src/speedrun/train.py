@@ -25,7 +25,7 @@ from speedrun import schedules
 from speedrun.attention import pick_backend
 from speedrun.config import RunConfig, apply_overrides, validate
 from speedrun.dist import DistInfo, all_reduce_mean, init_distributed, shutdown
-from speedrun.errors import SpeedrunError
+from speedrun.errors import ConfigError, SpeedrunError
 from speedrun.fp8 import fp8_supported
 from speedrun.model import GPT, count_parameters
 from speedrun.optimizers import build_optimizers
@@ -48,7 +48,7 @@ def process_start_time() -> float:
 
 
 def add_train_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", default="demo", help="preset name (speedrun ladder lists them; default: demo)")
+    p.add_argument("--preset", help="preset name (speedrun ladder lists them; default: demo, or the resumed run's)")
     p.add_argument("--steps", type=int, help="training steps; every schedule scales with it")
     p.add_argument("--data-dir", help="folder with the shards (default: the preset's; 'demo' = embedded corpus)")
     p.add_argument("--val-tokens", type=int, help="validation tokens (0 = no validation)")
@@ -59,16 +59,25 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                    help="override any config field, e.g. --set model.value_embeds=0 (repeatable)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its latest checkpoint")
+    p.add_argument("--checkpoint-every", metavar="N|Mm", help="checkpoint every N steps or M minutes (e.g. 10m)")
+    p.add_argument("--on-fault", choices=("stop", "recover"), help="on a NaN/inf or a loss spike (default: stop)")
+    p.add_argument("--tensorboard", action="store_true", help="also log metrics to TensorBoard (needs tensorboard)")
 
 
 def resolve_config(args: argparse.Namespace) -> RunConfig:
     from speedrun.presets import get_preset
 
-    cfg = get_preset(args.preset)
+    from speedrun.resilience import checkpoint_every_overrides, resume_config
+
     flags = {"train.steps": args.steps, "data.data_dir": args.data_dir, "train.val_tokens": args.val_tokens,
-             "train.val_every": args.val_every, "train.seed": args.seed}
-    apply_overrides(cfg, [f"{k}={v}" for k, v in flags.items() if v is not None])
-    return apply_overrides(cfg, args.overrides)
+             "train.val_every": args.val_every, "train.seed": args.seed, "train.on_fault": args.on_fault}
+    overrides = [f"{k}={v}" for k, v in flags.items() if v is not None]
+    overrides += checkpoint_every_overrides(args.checkpoint_every) + args.overrides
+    cfg = apply_overrides(get_preset(args.preset or "demo"), overrides)
+    if args.resume:
+        return resume_config(Path(args.resume), args.preset, cfg, overrides)
+    return cfg
 
 
 def register(subparsers) -> None:
@@ -81,12 +90,26 @@ def cli_train(args: argparse.Namespace) -> int:
     t_start = process_start_time()
     cfg = resolve_config(args)
     info = init_distributed()
+    trainer = None
     try:
         validate(cfg, info.world_size)
-        out = Path(args.out) if args.out else default_out_dir(cfg.name)
-        trainer = Trainer(cfg, info, out, overwrite=args.overwrite, progress=not args.no_progress, t_start=t_start)
+        if args.resume and args.out and Path(args.out).resolve() != Path(args.resume).resolve():
+            raise ConfigError(f"--out {args.out}: --resume continues in {args.resume}; leave --out out")
+        out = Path(args.resume or args.out or default_out_dir(cfg.name))
+        trainer = Trainer(cfg, info, out, overwrite=args.overwrite, progress=not args.no_progress, t_start=t_start,
+                          resume=Path(args.resume) if args.resume else None)
+        if args.tensorboard:
+            from speedrun.resilience import tensorboard_writer
+
+            trainer.tb = tensorboard_writer(out) if info.is_main else None
         trainer.run()
+    except torch.cuda.OutOfMemoryError:
+        from speedrun.faults import out_of_memory
+
+        raise out_of_memory(cfg, info.world_size, getattr(trainer, "phase", "set-up")) from None
     finally:
+        if getattr(trainer, "guard", None) is not None:
+            trainer.guard.close()
         shutdown()
     return 0
 
@@ -166,17 +189,21 @@ class PendingLosses:
 
 class Trainer:
     def __init__(self, cfg: RunConfig, info: DistInfo, out: Path, overwrite: bool = False,
-                 progress: bool = True, t_start: float | None = None):
+                 progress: bool = True, t_start: float | None = None, resume: Path | None = None):
         self.cfg, self.info = cfg, info
         self.t_start = t_start or time.time()
         self.device = info.device
         self.dtype = pick_dtype(cfg.train.dtype, self.device)
         self.progress = progress and info.is_main
-        self.out = RunDir(out, overwrite=overwrite) if info.is_main else None
+        self.out = RunDir(out, overwrite=overwrite, resume=resume is not None) if info.is_main else None
+        self.out_path, self.tb, self.phase = Path(out), None, "set-up"
         self.micro_steps = cfg.train.batch_seqs // info.world_size
         self.tokens_per_step = cfg.train.batch_seqs * cfg.train.seq_len
         self._windows: dict[int, torch.Tensor] = {}
         self._build()
+        from speedrun.resilience import RunGuard
+
+        self.guard = RunGuard(self, resume)  # checkpoints, resume, health, fault policy, signals
 
     # -------------------------------------------------------------- set-up
 
@@ -233,7 +260,7 @@ class Trainer:
         momentum = schedules.muon_momentum(progress, self.cfg.schedule, o.muon_momentum_start, o.muon_momentum)
         for opt in self.optimizers:
             for group in opt.param_groups:
-                group["lr"] = group["initial_lr"] * mult
+                group["lr"] = group["initial_lr"] * mult * self.guard.lr_factor
                 if "momentum" in group:
                     group["momentum"] = momentum
 
@@ -244,16 +271,20 @@ class Trainer:
         self.set_schedules(step)
         window = self.window(step)
         total = torch.zeros((), device=self.device)
-        batches = self.loader.next_step()
-        for inputs, targets in batches:
-            loss = self.step_model(inputs, targets, window, self.dtype)
-            (loss / len(batches)).backward()
-            total += loss.detach()
+        batches = self.guard.next_batches()  # skips batches marked bad after a recovery
+        with self.guard.health.watch(step):  # activation hooks, on health steps only
+            for inputs, targets in batches:
+                loss = self.guard.loss(self.step_model(inputs, targets, window, self.dtype))
+                (loss / len(batches)).backward()
+                total += loss.detach()
+        self.guard.before_update(step)
         for opt in self.optimizers:
             opt.step()
         for opt in self.optimizers:
             opt.zero_grad(set_to_none=True)
-        return total / (len(batches) * self.cfg.train.seq_len)
+        mean = total / (len(batches) * self.cfg.train.seq_len)
+        self.guard.after_update(step, mean)
+        return mean
 
     @torch.no_grad()
     def evaluate(self, step: int) -> float:
@@ -290,6 +321,8 @@ class Trainer:
     def _log(self, record: dict) -> None:
         if self.out:
             self.out.log(record)
+            if self.tb is not None:
+                self.tb.log(record)
 
     def _flush_losses(self, pending: PendingLosses) -> None:
         for step, loss, ms in pending.flush():
@@ -301,7 +334,9 @@ class Trainer:
         self._flush_losses(pending)
         if not self.cfg.train.val_tokens:
             return None
+        self.phase = "validation"
         loss = self.evaluate(step)
+        self.phase = "training"
         ms = clock.elapsed * 1000
         self._log({"step": step, "val_loss": loss, "train_time_ms": ms, "tokens": step * self.tokens_per_step})
         if self.info.is_main:
@@ -318,16 +353,21 @@ class Trainer:
                   f"{self.micro_steps} micro-step(s), {d['dtype']}, attention={d['attention_backend']}, "
                   f"fp8_head={d['fp8_head']}, compile={d['compile']}", flush=True)
         self.warm_up()
+        self.guard.start()  # resuming: restore the checkpoint (after warm-up, which resets state)
+        self.phase = "training"
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
-        clock, pending, val_loss = Clock(self.device), PendingLosses(), None
+        clock, pending, val_loss = Clock(self.device, self.guard.train_time_s), PendingLosses(), None
         from tqdm import tqdm
 
-        bar = tqdm(total=t.steps, disable=not self.progress, unit="step", dynamic_ncols=True)
+        bar = tqdm(total=t.steps, initial=self.guard.start_step, disable=not self.progress, unit="step",
+                   dynamic_ncols=True)
         cold_start = time.time() - self.t_start
         clock.start()
-        for step in range(t.steps + 1):
+        for step in self.guard.steps(t.steps):
             last = step == t.steps
+            if self.guard.boundary(step, clock, pending, last):
+                continue  # rolled back to the last good checkpoint; the loop goes on from there
             if last or (t.val_every and step % t.val_every == 0):
                 val_loss = self._validate(step, clock, pending, bar)
                 clock.start()
@@ -343,6 +383,7 @@ class Trainer:
 
     def _finish(self, val_loss: float | None, clock: Clock, cold_start: float) -> dict:
         t = self.cfg.train
+        self.guard.close()  # the last checkpoint write, if one is in flight
         peak = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None
         summary = {
             "preset": self.cfg.name, "steps": t.steps, "final_val_loss": val_loss,

@@ -1,0 +1,57 @@
+"""Shared by the reliability tests: a tiny float32 demo run through the real CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from speedrun import cli
+
+TINY = [
+    "--no-progress",
+    "--set", "model.num_layers=2", "--set", "model.value_embeds=0", "--set", "model.model_dim=32",
+    "--set", "model.num_heads=1", "--set", "model.head_dim=32", "--set", "model.mlp_hidden=64",
+    "--set", "model.long_layers=0", "--set", "train.seq_len=128", "--set", "train.batch_seqs=2",
+    "--set", "train.val_tokens=256", "--set", "train.val_seq_len=128", "--set", "train.dtype=float32",
+    "--set", "train.val_every=3", "--set", "train.sample_tokens=0",
+]
+
+
+def main(argv: list[str]) -> int:
+    """cli.main on one intra-op thread (several times faster on a busy 2-core machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return cli.main(argv)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def train(out: Path, *extra: str, steps: int = 8) -> int:
+    """`speedrun train` on the tiny config; returns the exit code."""
+    return main(["train", "--steps", str(steps), "--out", str(out), *TINY, *extra])
+
+
+def resume(run: Path, *extra: str) -> int:
+    return main(["train", "--resume", str(run), "--no-progress", *extra])
+
+
+def records(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (Path(run) / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def curves(run: Path) -> tuple[dict, dict]:
+    """({step: train_loss}, {step: val_loss}); each step must appear once."""
+    train_l, val_l = {}, {}
+    for r in records(run):
+        for key, d in (("train_loss", train_l), ("val_loss", val_l)):
+            if key in r:
+                assert r["step"] not in d, f"step {r['step']} logged twice in {key}"
+                d[r["step"]] = r[key]
+    return train_l, val_l
+
+
+def events(run: Path, kind: str) -> list[dict]:
+    return [r for r in records(run) if r.get("event") == kind]

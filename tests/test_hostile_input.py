@@ -1,0 +1,121 @@
+"""Hostile input: each mistake ends as one line on stderr and a non-zero exit.
+
+docs/reliability.md lists every case with the message it prints.
+"""
+
+import json
+
+import pytest
+
+from reliability_helpers import main, train
+from speedrun import __version__
+from speedrun.config import validate
+from speedrun.errors import ConfigError
+from speedrun.presets import get_preset
+
+
+def _one_line_error(capsys, code, expected_code=2):
+    err = capsys.readouterr().err.strip()
+    assert code == expected_code, err
+    assert err.startswith("speedrun: error: ") and "\n" not in err and "Traceback" not in err
+    return err
+
+
+@pytest.fixture(scope="module")
+def stopped_run(tmp_path_factory):
+    """A run stopped by SIGTERM at step 2, with a checkpoint to resume."""
+    run = tmp_path_factory.mktemp("stopped") / "run"
+    assert train(run, "--checkpoint-every", "2", "--set", "train.inject_fault=sigterm@1", steps=6) == 143
+    return run
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--set", "train.step=5"], "did you mean 'train.steps'"),
+    (["--set", "model.num_layer=2"], "did you mean 'model.num_layers'"),
+    (["--set", "train.steps=many"], "'many' is not a valid int"),
+    (["--set", "model.qk_norm=maybe"], "is not a valid bool"),
+    (["--steps", "0"], "train.steps: must be > 0, got 0"),
+    (["--steps", "-3"], "train.steps: must be > 0"),
+    (["--set", "train.seq_len=100"], "train.seq_len: must be a positive multiple of attention.block_size=128"),
+    (["--set", "train.on_fault=ignore"], "train.on_fault: must be stop or recover"),
+    (["--set", "train.recover_lr_factor=2"], "train.recover_lr_factor: must be in (0, 1]"),
+    (["--set", "train.inject_fault=boom@x"], "train.inject_fault: 'boom@x' is not KIND@BATCH"),
+    (["--checkpoint-every", "often"], "--checkpoint-every often: expected a number of steps"),
+    (["--preset", "recrod"], "did you mean 'record'"),
+])
+def test_bad_config_is_refused(tmp_path, capsys, args, needle):
+    err = _one_line_error(capsys, train(tmp_path / "run", *args))
+    assert needle in err
+
+
+def test_world_size_the_preset_cannot_divide():
+    with pytest.raises(ConfigError, match=r"world size 3: preset 'record' splits train.batch_seqs=8 .*\[1, 2, 4, 8\]"):
+        validate(get_preset("record"), world_size=3)
+
+
+def test_finished_run_is_not_overwritten(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text("{}")
+    err = _one_line_error(capsys, train(run, steps=1))
+    assert "already holds a finished run" in err and "--overwrite" in err
+    assert train(run, "--overwrite", steps=1) == 0
+
+
+def test_resume_from_another_preset(stopped_run, capsys):
+    err = _one_line_error(capsys, main(["train", "--resume", str(stopped_run), "--preset", "record"]))
+    assert "checkpoint is preset 'demo', command line asks 'record'" in err
+    assert "model.num_layers: checkpoint 2, now 12" in err
+
+
+def test_resume_with_a_changed_field(stopped_run, capsys):
+    err = _one_line_error(capsys, main(["train", "--resume", str(stopped_run), "--set", "model.model_dim=64"]))
+    assert "changes the run: model.model_dim: checkpoint 32, now 64" in err
+
+
+def test_resume_from_another_version(stopped_run, tmp_path, capsys):
+    import shutil
+
+    run = tmp_path / "old"
+    shutil.copytree(stopped_run, run)
+    latest = run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip()
+    meta = json.loads((latest / "trainer.json").read_text())
+    meta["speedrun_version"] = "0.0.1"
+    (latest / "trainer.json").write_text(json.dumps(meta))
+    err = _one_line_error(capsys, main(["train", "--resume", str(run)]))
+    assert f"written by speedrun 0.0.1 (format 1), this is speedrun {__version__}" in err
+
+
+def test_resume_without_checkpoint(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    err = _one_line_error(capsys, main(["train", "--resume", str(tmp_path / "empty")]))
+    assert "no checkpoint in" in err
+
+
+def test_resume_into_another_out(stopped_run, tmp_path, capsys):
+    err = _one_line_error(capsys, main(["train", "--resume", str(stopped_run), "--out", str(tmp_path / "x")]))
+    assert "--resume continues in" in err
+
+
+def test_cuda_out_of_memory_names_the_settings(tmp_path, capsys):
+    err = _one_line_error(capsys, train(tmp_path / "run", "--set", "train.seq_len=256",
+                                        "--set", "train.inject_fault=oom@1", steps=3), expected_code=4)
+    assert "CUDA out of memory during training" in err
+    assert "--set train.seq_len=128 (tokens per micro-step, now 256)" in err and "nproc_per_node=2" in err
+
+
+def test_out_of_memory_in_validation_puts_val_seq_len_first():
+    from speedrun.faults import out_of_memory
+
+    msg = str(out_of_memory(get_preset("record"), 8, "validation"))
+    assert msg.startswith("CUDA out of memory during validation (8 GPU(s)); lower memory with "
+                          "--set train.val_seq_len=131072")
+    assert "--set train.seq_len=24576" in msg and "nproc_per_node" not in msg
+
+
+def test_tensorboard_missing_is_one_line(tmp_path, capsys, monkeypatch):
+    import speedrun.tensorboard_log as tb
+
+    monkeypatch.delattr(tb, "TensorBoardWriter")  # as if the module were missing
+    err = _one_line_error(capsys, train(tmp_path / "run", "--tensorboard", steps=1))
+    assert err.startswith("speedrun: error: --tensorboard: not available")

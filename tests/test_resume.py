@@ -1,0 +1,89 @@
+"""Stop and resume gives the same run as never stopping (float32 on CPU: exactly).
+
+The straight run and the interrupted one use the same checkpoint and health
+settings (a warm-up step too, which must not disturb the restored state).
+Interruptions: SIGTERM raised in-process (the real handler: checkpoint, exit
+143), SIGINT (130), and a crash between checkpoints (an injected CUDA OOM,
+exit 4) resumed from the older checkpoint, whose later metrics are dropped.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from reliability_helpers import curves, events, records, resume, train
+
+COMMON = ["--checkpoint-every", "3", "--set", "train.health_every=2", "--set", "train.warmup_steps=1"]
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    run = tmp_path_factory.mktemp("straight") / "run"
+    assert train(run, *COMMON) == 0
+    return run
+
+
+def test_sigterm_then_resume_is_exact(straight, tmp_path):
+    run = tmp_path / "run"
+    assert train(run, *COMMON, "--set", "train.inject_fault=sigterm@4") == 143
+    assert not (run / "summary.json").exists()
+    assert (run / "checkpoints" / "latest").read_text().strip() == "step_000005"
+    assert resume(run) == 0
+    assert curves(run) == curves(straight)
+    assert events(run, "resume")[0]["step"] == 5
+    final = json.loads((run / "summary.json").read_text())
+    assert final["final_val_loss"] == json.loads((straight / "summary.json").read_text())["final_val_loss"]
+
+
+def test_crash_between_checkpoints_resumes_from_the_last_one(straight, tmp_path):
+    run = tmp_path / "run"
+    assert train(run, *COMMON, "--set", "train.inject_fault=oom@5") == 4  # dies in step 5; last checkpoint: 3
+    assert any(r.get("step", 0) > 3 and "event" not in r for r in records(run))  # metrics went past it
+    assert resume(run) == 0
+    assert events(run, "resume")[0]["step"] == 3
+    assert curves(run) == curves(straight)
+
+
+def test_sigint_exits_130_and_resumes(tmp_path):
+    run = tmp_path / "run"
+    assert train(run, "--set", "train.inject_fault=sigint@1", steps=3) == 130
+    assert resume(run) == 0
+    assert json.loads((run / "summary.json").read_text())["steps"] == 3
+
+
+def _torchrun(*args: str) -> subprocess.CompletedProcess:
+    """2 gloo processes; on a timeout the whole process group (torchrun and its workers) is ended."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           "-m", "speedrun.train", *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+    try:
+        out, err = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+@pytest.mark.distributed
+def test_two_process_gloo_resume_is_exact(tmp_path):
+    """torchrun, 2 CPU processes: each rank writes its optimiser shard; a crash, then resume, matches."""
+    from reliability_helpers import TINY
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    common = ["--steps", "6", *TINY, *COMMON]
+    done = _torchrun("--out", str(a), *common)
+    assert done.returncode == 0, done.stderr[-2000:]
+    crashed = _torchrun("--out", str(b), *common, "--set", "train.inject_fault=oom@4")
+    assert crashed.returncode != 0 and "out of memory" in crashed.stderr
+    ckpt = b / "checkpoints" / (b / "checkpoints" / "latest").read_text().strip()
+    assert ckpt.name == "step_000003"
+    assert (ckpt / "rank0.pt").exists() and (ckpt / "rank1.pt").exists()
+    done = _torchrun("--resume", str(b), "--no-progress")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert curves(b) == curves(a)
