@@ -18,6 +18,7 @@ from speedrun.errors import SpeedrunError
 COMMAND_MODULES = [
     "speedrun.env",  # info
     "speedrun.train",  # train
+    "speedrun.ladder",  # ladder
     "speedrun.data_cli",  # data tokenize | fineweb
     "speedrun.stats",  # stats
     "speedrun.plot",  # plot

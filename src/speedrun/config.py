@@ -50,6 +50,7 @@ class ModelConfig:
     fp8_head: bool = True  # FP8 head in training where the GPU supports it
     bf16_embeds: bool = True  # embeddings stored in bfloat16 when activations are bfloat16
     bias: bool = False  # biases in linear layers (llm.c GPT-2)
+    value_residual: bool = False  # 2024-11 ladder rungs: layers >= 1 mix layer 0's V into theirs (the attention lambdas)
 
     @property
     def padded_vocab(self) -> int:
@@ -305,8 +306,10 @@ def validate(cfg: RunConfig, world_size: int = 1) -> None:
         (0 < t.recover_lr_factor <= 1, "train.recover_lr_factor", f"must be in (0, 1], got {t.recover_lr_factor}"),
     ]
     if m.positions == "learned":
-        checks.append((t.seq_len <= m.max_positions, "model.max_positions",
-                       f"learned positions need max_positions >= train.seq_len={t.seq_len}"))
+        span = a.segment_len or max(t.seq_len, t.val_seq_len)  # positions restart at each segment
+        checks.append((span <= m.max_positions, "model.max_positions",
+                       f"learned positions need max_positions >= {span} (attention.segment_len, or else "
+                       f"train.seq_len and train.val_seq_len)"))
     for ok, name, msg in checks:
         if not ok:
             raise ConfigError(f"{name}: {msg}")

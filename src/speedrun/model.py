@@ -118,8 +118,10 @@ class Attention(nn.Module):
         y = y.contiguous().view(B, T, -1)
         return _linear(y, self.qkvo_w[3], self.o_b)
 
-    def forward(self, x, ve, lambdas, pos, masks: AttentionMasks, long: bool) -> Tensor:
+    def forward(self, x, ve, lambdas, pos, masks: AttentionMasks, long: bool, keep_v: list | None = None) -> Tensor:
         q, k, v = self.project(x, ve, lambdas, pos)
+        if keep_v is not None:  # value residual: hand layer 0's V to the later layers
+            keep_v.append(v)
         y = masks.attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), long, self.scale)
         return self.finish(y.transpose(1, 2), x)
 
@@ -148,11 +150,11 @@ class Block(nn.Module):
         self.norm1 = Norm(cfg.model_dim, cfg.norm)
         self.norm2 = Norm(cfg.model_dim, cfg.norm)
 
-    def forward(self, x, x0, ve, block_lambdas, attn_lambdas, pos, masks, long):
+    def forward(self, x, x0, ve, block_lambdas, attn_lambdas, pos, masks, long, keep_v=None):
         if block_lambdas is not None:
             x = block_lambdas[0] * x + block_lambdas[1] * x0
         if self.attn is not None:
-            x = x + self.attn(self.norm1(x), ve, attn_lambdas, pos, masks, long)
+            x = x + self.attn(self.norm1(x), ve, attn_lambdas, pos, masks, long, keep_v)
         return x + self.mlp(self.norm2(x))
 
 
@@ -290,13 +292,15 @@ class GPT(nn.Module):
         lay = scalar_layout(self.cfg.num_layers)
         skips_w, block_l, attn_l = self.scalars[lay["skip"]], self.scalars[lay["block"]], self.scalars[lay["attn"]]
         L, n_skip = self.cfg.num_layers, self.cfg.num_layers // 2 if self.cfg.unet else 0
-        stack = []
+        stack, v_first = [], []
         for i, block in enumerate(self.blocks):
             if i >= L - n_skip:
                 x = x + skips_w[i - (L - n_skip)] * stack.pop()
             vi = self.value_embed_for(i)
             bl = block_l[2 * i : 2 * i + 2] if self.cfg.x0_lambdas else None
-            x = block(x, x0, ve[vi] if vi is not None else None, bl, attn_l[2 * i : 2 * i + 2], pos, masks, self.is_long(i))
+            vei = ve[vi] if vi is not None else v_first[0] if v_first else None
+            keep = v_first if self.cfg.value_residual and not v_first else None
+            x = block(x, x0, vei, bl, attn_l[2 * i : 2 * i + 2], pos, masks, self.is_long(i), keep)
             if i < n_skip:
                 stack.append(x)
         return self.final_norm(x)
