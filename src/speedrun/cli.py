@@ -26,6 +26,7 @@ COMMAND_MODULES = [
     "speedrun.export_hf",  # export hf
     "speedrun.hellaswag",  # eval hellaswag
     "speedrun.tensorboard_log",  # tensorboard
+    "speedrun.bench",  # bench | warm
 ]
 
 

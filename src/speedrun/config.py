@@ -115,7 +115,7 @@ class TrainConfig:
     val_every: int = 125
     warmup_steps: int = 10  # untimed compile/warm-up steps, then state restored
     seed: int = 0
-    compile: str = "auto"  # "auto" (on CUDA) | "on" | "off"
+    compile: str = "auto"  # "auto" (on CUDA) | "on" (whole model) | "regional" (per block) | "off"
     log_every: int = 1
     dtype: str = "auto"  # activations: "auto" (bfloat16 on CUDA, float32 on CPU) | "bfloat16" | "float32"
     sample_tokens: int = 0  # print this many sampled tokens at the end (demo)
@@ -294,7 +294,8 @@ def validate(cfg: RunConfig, world_size: int = 1) -> None:
         (a.window in ("none", "fixed", "growing"), "attention.window", f"must be none, fixed or growing, got {a.window!r}"),
         (a.backend in ("auto", "flex", "dense"), "attention.backend", f"must be auto, flex or dense, got {a.backend!r}"),
         (cfg.optim.kind in ("muon", "adamw"), "optim.kind", f"must be muon or adamw, got {cfg.optim.kind!r}"),
-        (t.compile in ("auto", "on", "off"), "train.compile", f"must be auto, on or off, got {t.compile!r}"),
+        (t.compile in ("auto", "on", "regional", "off"), "train.compile",
+         f"must be auto, on, regional or off, got {t.compile!r}"),
         (0 <= cfg.schedule.cooldown_frac <= 1, "schedule.cooldown_frac", "must be in [0, 1]"),
         (0 <= cfg.schedule.warmup_frac <= 1, "schedule.warmup_frac", "must be in [0, 1]"),
         (t.checkpoint_every_steps >= 0, "train.checkpoint_every_steps", f"must be >= 0, got {t.checkpoint_every_steps}"),

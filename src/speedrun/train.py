@@ -124,7 +124,7 @@ def pick_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def use_compile(mode: str, device: torch.device) -> bool:
-    return mode == "on" or (mode == "auto" and device.type == "cuda")
+    return mode in ("on", "regional") or (mode == "auto" and device.type == "cuda")
 
 
 def resolve_data(cfg: RunConfig) -> tuple[list[Path], Path | None]:
@@ -218,7 +218,12 @@ class Trainer:
         self.model.attention_backend = pick_backend(cfg.attention.backend, self.device)
         self.model.use_fp8 = cfg.model.fp8_head and fp8_supported(self.device)
         self.compiled = use_compile(cfg.train.compile, self.device)
-        self.step_model = torch.compile(self.model, dynamic=False, fullgraph=True) if self.compiled else self.model
+        from speedrun.compile_cache import load_for_run
+        from speedrun.regional import compile_step_model
+
+        log = print if info.is_main else None
+        self.compile_cache = load_for_run(cfg, self.device, info.world_size, log) if self.compiled else "not compiled"
+        self.step_model = compile_step_model(self.model, cfg.train.compile, self.compiled)  # whole model or regional
         self.optimizers = build_optimizers(self.model, cfg.optim)
         train_files, self.val_file = resolve_data(cfg)
         from speedrun.loader import TrainLoader

@@ -1,0 +1,230 @@
+"""A portable compile cache: `speedrun warm`, and loading it at the start of a run.
+
+`torch.compiler.save_cache_artifacts()` serialises every compiler artifact
+this process produced or hit (Inductor FX-graph cache entries with their
+Triton kernels, AOTAutograd entries, autotuning results);
+`torch.compiler.load_cache_artifacts(bytes)` puts them back into the local
+on-disk caches, so the next compilation of the same graphs is a cache hit.
+That turns the cold start of a fresh machine into a warm one.
+
+The file is `cache_root()/compile/<key>.bin`. The key hashes everything that
+can make an artifact wrong for this run:
+
+- torch, Triton, CUDA and Python versions; the GPU's name and compute
+  capability (CPU: the machine type);
+- speedrun's version AND a hash of every source file of the speedrun
+  package. Inductor's own cache key covers the traced graph, but not, for
+  instance, a custom op's fake (meta) kernel: after that fake kernel of the
+  FP8 head changed, a cached graph with the old output strides was reused
+  and failed. Any change to our sources therefore makes a new key;
+- the parts of the run config that shape the compiled graphs (model,
+  attention, sequence lengths, dtype, compile mode) and the world size, so
+  that two presets warmed on one machine do not overwrite each other.
+
+A stale file is thus never used: it is simply not found. Files are written
+atomically (temporary name, fsync, rename) with a header holding a magic
+string, the payload length and its SHA-256; a truncated or corrupted file is
+ignored with a warning. A torch without these functions degrades to "no
+cache".
+
+Interplay with torch's own caches: nothing here sets environment variables.
+Loaded artifacts land in the local caches that torch already uses
+(`TORCHINDUCTOR_CACHE_DIR`, default /tmp/torchinductor_<user>; Triton's
+`TRITON_CACHE_DIR`, default ~/.triton/cache). A run on a machine whose local
+caches are already warm gains nothing from this file; to measure a truly
+cold start, point TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR at empty
+folders and set SPEEDRUN_COMPILE_CACHE=off (see docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import struct
+import sys
+import warnings
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+from speedrun import __version__
+
+MAGIC = b"SPDRCC1\n"
+_HEADER = struct.Struct("<8sQ32s")  # magic, payload length, sha256(payload)
+ENV_SWITCH = "SPEEDRUN_COMPILE_CACHE"  # "off" / "0": never load a cache file
+
+
+def available() -> bool:
+    """True when this torch has the portable cache functions."""
+    c = getattr(torch, "compiler", None)
+    return callable(getattr(c, "save_cache_artifacts", None)) and callable(getattr(c, "load_cache_artifacts", None))
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV_SWITCH, "on").strip().lower() not in ("0", "off", "no", "false")
+
+
+@lru_cache(maxsize=1)
+def source_hash() -> str:
+    """SHA-256 over the speedrun package's Python sources (relative path + bytes)."""
+    return hash_sources(Path(__file__).resolve().parent)
+
+
+def hash_sources(root: Path) -> str:
+    root = Path(root)
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        if "__pycache__" in path.parts:
+            continue
+        h.update(path.relative_to(root).as_posix().encode() + b"\0")
+        h.update(path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def _triton_version() -> str | None:
+    try:
+        import triton
+
+        return triton.__version__
+    except Exception:
+        return None
+
+
+def device_description(device: torch.device | str) -> str:
+    device = torch.device(device)
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        p = torch.cuda.get_device_properties(index)
+        return f"{p.name} sm_{p.major}{p.minor}"
+    return f"{device.type} {platform.machine()}"
+
+
+def graph_config(cfg) -> dict:
+    """The config fields that shape the compiled graphs."""
+    d = cfg.to_dict()
+    t = d["train"]
+    return {"model": d["model"], "attention": d["attention"],
+            "train": {k: t[k] for k in ("seq_len", "val_seq_len", "batch_seqs", "dtype", "compile")}}
+
+
+def key_parts(cfg, device: torch.device | str, world_size: int = 1) -> dict:
+    """Everything the cache key hashes (JSON-serialisable)."""
+    return {
+        "torch": torch.__version__, "triton": _triton_version(), "cuda": torch.version.cuda,
+        "python": f"{sys.version_info.major}.{sys.version_info.minor}",
+        "device": device_description(device), "speedrun": __version__, "sources": source_hash(),
+        "config": graph_config(cfg), "world_size": int(world_size),
+    }
+
+
+def key_from_parts(parts: dict) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
+def cache_key(cfg, device: torch.device | str, world_size: int = 1) -> str:
+    return key_from_parts(key_parts(cfg, device, world_size))
+
+
+def cache_dir() -> Path:
+    from speedrun.paths import cache_root
+
+    return cache_root() / "compile"
+
+
+def cache_path(key: str) -> Path:
+    return cache_dir() / f"{key}.bin"
+
+
+# ---------------------------------------------------------------- file format
+
+
+def write_file(path: Path, payload: bytes) -> Path:
+    """Header + payload, atomically (temporary file, fsync, rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(_HEADER.pack(MAGIC, len(payload), hashlib.sha256(payload).digest()))
+            f.write(payload)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def read_file(path: Path) -> bytes | None:
+    """The payload, or None (with a warning) when the file is truncated, corrupted or foreign."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        warnings.warn(f"compile cache {path}: cannot read ({e}); ignoring it", stacklevel=2)
+        return None
+    if len(data) < _HEADER.size:
+        warnings.warn(f"compile cache {path}: truncated ({len(data)} bytes); ignoring it", stacklevel=2)
+        return None
+    magic, length, digest = _HEADER.unpack_from(data)
+    payload = data[_HEADER.size:]
+    if magic != MAGIC:
+        warnings.warn(f"compile cache {path}: not a speedrun compile cache; ignoring it", stacklevel=2)
+        return None
+    if len(payload) != length or hashlib.sha256(payload).digest() != digest:
+        warnings.warn(f"compile cache {path}: partial or corrupted ({len(payload)} of {length} bytes, "
+                      "checksum mismatch); ignoring it", stacklevel=2)
+        return None
+    return payload
+
+
+# ---------------------------------------------------------------- save / load
+
+
+def save(key: str) -> Path | None:
+    """Serialise this process's compiler artifacts under `key`; None when there are none."""
+    if not available():
+        return None
+    result = torch.compiler.save_cache_artifacts()
+    if not result:
+        return None
+    payload = result[0]
+    if not payload:
+        return None
+    return write_file(cache_path(key), payload)
+
+
+def load(key: str) -> bool:
+    """Load `key`'s artifacts into torch's local caches. False when absent, invalid or unsupported."""
+    if not available():
+        return False
+    path = cache_path(key)
+    if not path.is_file():
+        return False
+    payload = read_file(path)
+    if payload is None:
+        return False
+    try:
+        torch.compiler.load_cache_artifacts(payload)
+    except Exception as e:  # a torch that cannot read it: behave as if there were none
+        warnings.warn(f"compile cache {path}: torch could not load it ({type(e).__name__}: {e}); ignoring it",
+                      stacklevel=2)
+        return False
+    return True
+
+
+def load_for_run(cfg, device: torch.device | str, world_size: int = 1, log=print) -> str:
+    """At the start of a compiled run: load the matching cache if present; log and return the status."""
+    if not available():
+        status = "unavailable (this torch has no save/load_cache_artifacts)"
+    elif not enabled():
+        status = f"off ({ENV_SWITCH})"
+    else:
+        key = cache_key(cfg, device, world_size)
+        status = f"loaded {key}" if load(key) else f"none ({key})"
+    if log is not None:
+        log(f"compile cache: {status}")
+    return status

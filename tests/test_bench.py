@@ -1,0 +1,307 @@
+"""speedrun bench / warm, the FLOP count, the compile cache and regional compilation (CPU)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from speedrun import bench, compile_cache
+from speedrun.config import ConfigError, apply_overrides, validate
+from speedrun.presets import get_preset
+
+TINY = ["model.num_layers=2", "model.value_embeds=1", "model.long_layers=0", "model.no_attn_layers=",
+        "model.model_dim=64", "model.num_heads=1", "model.head_dim=64", "model.mlp_hidden=128",
+        "train.seq_len=256", "train.batch_seqs=2", "attention.window_tokens=256"]
+
+
+def tiny_args(*extra: str) -> list[str]:
+    out = []
+    for o in TINY:
+        out += ["--set", o]
+    return ["bench", "--preset", "demo", *out, *extra]
+
+
+# ---------------------------------------------------------------- FLOP count
+
+
+def test_flops_hand_count_tiny():
+    cfg = apply_overrides(get_preset("demo"), TINY + ["model.no_attn_layers=1", "train.seq_len=512"])
+    # layer 0: QKVO 4*64*64 + gate 1*12; both layers: MLP 2*64*128; head 50304*64
+    weights = (4 * 64 * 64 + 12) + 2 * (2 * 64 * 128) + 50304 * 64
+    assert bench.matmul_weights(cfg) == weights == 3_268_620
+    # final window 256 tokens = 2 blocks; 4 query blocks see min(1, i) earlier blocks: 3/4 block on average,
+    # plus the causal diagonal block (128 + 1) / 2
+    keys = 0.75 * 128 + 64.5
+    assert bench.mean_keys(512, 128, 2) == pytest.approx(keys)
+    assert bench.flops_per_token(cfg) == pytest.approx(6 * weights + 12 * 64 * keys)
+
+
+def test_mean_keys_full_causal():
+    # a window covering the whole row is plain causal attention: (T + 1) / 2 keys per query
+    assert bench.mean_keys(1024, 128, 1 << 30) == pytest.approx((1024 + 1) / 2)
+    assert bench.mean_keys(1024, 128, 1) == pytest.approx(64.5)
+
+
+def test_flops_record_matches_anchor():
+    cfg = get_preset("record")
+    assert bench.matmul_weights(cfg) == pytest.approx(1.2e8, rel=0.02)
+    f = bench.flops_per_token(cfg)
+    assert f == pytest.approx(7.8e8, rel=0.10)
+    # the window grows over the run, so the run's mean is below the final-window count
+    assert bench.run_mean_flops_per_token(get_preset("proxy212")) < f
+
+
+# ---------------------------------------------------------------- random data, stats
+
+
+def test_random_tokens_document_rate():
+    t = bench.random_tokens(200_000, seed=1)
+    assert t.dtype == np.uint16 and t[0] == bench.EOT and t.max() <= bench.EOT
+    rate = (t == bench.EOT).mean()
+    assert 1 / 1300 < rate < 1 / 750
+
+
+def test_spread():
+    s = bench.spread([3.0, 1.0, 2.0, 10.0])
+    assert s["median"] == 2.5 and s["min"] == 1.0 and s["max"] == 10.0 and s["q1"] <= s["q3"]
+
+
+# ---------------------------------------------------------------- the bench command
+
+
+def test_bench_cpu_tiny(tmp_path, capsys):
+    from speedrun.cli import main
+
+    out = tmp_path / "b.json"
+    prof = tmp_path / "prof.txt"
+    rc = main(tiny_args("--steps", "2", "--repeats", "1", "--warmup", "1", "--json", str(out),
+                        "--profile", str(prof), "--comm"))
+    assert rc == 0
+    text = capsys.readouterr().out
+    for needle in ("ms/step (median)", "tokens/s", "fraction of peak", "fp32 1024^3 matmul", "top kernels",
+                   "nothing to measure"):
+        assert needle in text
+    r = json.loads(out.read_text())
+    for key in ("ms_per_step", "ms_per_step_spread", "ms_per_step_groups", "tokens_per_s", "flops_per_token",
+                "flops_per_token_timed", "achieved_flops_per_s", "matmul_peak", "fraction_of_peak",
+                "peak_memory_bytes", "setup_s", "first_step_s", "warmup_s", "compile_cache", "comm", "profile",
+                "env", "last_loss"):
+        assert key in r, key
+    assert r["ms_per_step"] > 0 and len(r["ms_per_step_groups"]) == 1
+    assert r["tokens_per_step"] == 512
+    assert r["tokens_per_s"] == pytest.approx(512 / (r["ms_per_step"] / 1000))
+    cfg = apply_overrides(get_preset("demo"), TINY)
+    assert r["flops_per_token"] == pytest.approx(bench.flops_per_token(cfg))
+    assert r["achieved_flops_per_s"] == pytest.approx(r["tokens_per_s"] * r["flops_per_token_timed"])
+    assert 0 < r["fraction_of_peak"] < 2
+    assert r["matmul_peak"]["dtype"] == "float32" and r["peak_memory_bytes"] is None
+    assert r["first_step_s"] >= r["setup_s"] > 0
+    assert np.isfinite(r["last_loss"])
+    assert r["comm"]["world_size"] == 1 and r["comm"]["collectives"] == []
+    assert len(r["profile"]["top"]) > 0 and prof.read_text().startswith("speedrun bench --profile")
+
+
+def test_plan_collectives_two_ranks():
+    from speedrun.model import GPT
+    from speedrun.optimizers import build_optimizers
+
+    cfg = apply_overrides(get_preset("demo"), TINY)
+    model = GPT(cfg.model, cfg.attention, pad_scalars_to=2)
+    plan = bench.plan_collectives(build_optimizers(model, cfg.optim), 2)
+    assert bench.plan_collectives(build_optimizers(model, cfg.optim), 1) == []
+    muon = [e for e in plan if e["optimizer"] == "muon"]
+    ops = {e["op"] for e in muon}
+    assert ops == {"reduce_scatter", "all_gather"}
+    # 2 MLP matrices of each shape padded to 2 rows; the single (4, 64, 64) attention tensor padded to 2
+    assert any(e["shape"] == [2, 4, 64, 64] for e in muon)
+    adam = [e for e in plan if e["optimizer"] == "adam"]
+    assert any(e["shape"] == [50304, 64] and e["op"] == "reduce_scatter" for e in adam)
+    assert all(e["bytes"] == e["numel"] * 4 for e in plan)  # float32 on the CPU
+
+
+@pytest.mark.distributed
+def test_bench_comm_two_processes_gloo(tmp_path):
+    out = tmp_path / "comm.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "SPEEDRUN_HOME": str(tmp_path / "home")}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           "-m", "speedrun.cli", *tiny_args("--steps", "2", "--repeats", "1", "--warmup", "1", "--comm",
+                                            "--comm-iters", "2", "--json", str(out))]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "comm (gloo, 2 ranks)" in p.stdout and "hidden" in p.stdout
+    assert p.stdout.count("speedrun bench:") == 1  # rank 0 prints
+    c = json.loads(out.read_text())["comm"]
+    assert c["world_size"] == 2 and c["collectives"] and c["sizes"]
+    assert all(s["bytes"] > 0 and s["all_reduce_ms"] > 0 and s["rs_plus_ag_ms"] > 0 for s in c["sizes"])
+    assert 0 <= c["hidden_fraction"] <= 1 and c["step_ms_local_comm"] > 0
+
+
+# ---------------------------------------------------------------- compile cache
+
+
+def test_cache_key_changes_with_every_input():
+    cfg = get_preset("demo")
+    parts = compile_cache.key_parts(cfg, "cpu", 1)
+    base = compile_cache.key_from_parts(parts)
+    assert base == compile_cache.cache_key(get_preset("demo"), "cpu", 1)
+    for name, value in [("torch", "9.9"), ("triton", "0.0"), ("cuda", "99.0"), ("python", "3.99"),
+                        ("device", "NVIDIA H200 sm_90"), ("speedrun", "0.0.1"), ("sources", "0" * 64),
+                        ("world_size", 2)]:
+        assert compile_cache.key_from_parts({**parts, name: value}) != base, name
+    other = apply_overrides(get_preset("demo"), ["model.num_layers=4"])
+    assert compile_cache.cache_key(other, "cpu", 1) != base
+    steps = apply_overrides(get_preset("demo"), ["train.steps=7"])  # does not change the graphs
+    assert compile_cache.cache_key(steps, "cpu", 1) == base
+
+
+def test_source_hash_sees_any_change(tmp_path):
+    (tmp_path / "a.py").write_text("x = 1\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "fp8.py").write_text("def fake(): return 1\n")
+    h = compile_cache.hash_sources(tmp_path)
+    (tmp_path / "sub" / "fp8.py").write_text("def fake(): return 2\n")
+    assert compile_cache.hash_sources(tmp_path) != h
+    assert len(compile_cache.source_hash()) == 64
+
+
+@pytest.fixture
+def fake_torch_cache(tmp_path, monkeypatch):
+    """SPEEDRUN_HOME in tmp_path; torch.compiler.load/save_cache_artifacts recorded, not real."""
+    monkeypatch.setenv("SPEEDRUN_HOME", str(tmp_path))
+    loaded = []
+    monkeypatch.setattr(torch.compiler, "load_cache_artifacts", lambda b: loaded.append(b) or "info")
+    monkeypatch.setattr(torch.compiler, "save_cache_artifacts", lambda: (b"artifacts-bytes", "info"))
+    return loaded
+
+
+def test_cache_saved_under_one_key_not_loaded_under_another(fake_torch_cache):
+    path = compile_cache.save("keyA")
+    assert path == compile_cache.cache_path("keyA") and path.is_file()
+    assert not compile_cache.load("keyB") and fake_torch_cache == []
+    assert compile_cache.load("keyA") and fake_torch_cache == [b"artifacts-bytes"]
+    assert not list(path.parent.glob(".*.tmp"))  # atomic write left nothing behind
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "magic", "empty"])
+def test_corrupted_cache_ignored_with_warning(fake_torch_cache, damage):
+    path = compile_cache.save("k")
+    data = path.read_bytes()
+    if damage == "truncate":
+        path.write_bytes(data[:-3])
+    elif damage == "flip":
+        path.write_bytes(data[:-1] + bytes([data[-1] ^ 0xFF]))
+    elif damage == "magic":
+        path.write_bytes(b"NOTMAGIC" + data[8:])
+    else:
+        path.write_bytes(b"")
+    with pytest.warns(UserWarning, match="compile cache"):
+        assert not compile_cache.load("k")
+    assert fake_torch_cache == []
+
+
+def test_cache_torch_refusal_ignored_with_warning(fake_torch_cache, monkeypatch):
+    compile_cache.save("k")
+
+    def boom(b):
+        raise RuntimeError("bad artifacts")
+
+    monkeypatch.setattr(torch.compiler, "load_cache_artifacts", boom)
+    with pytest.warns(UserWarning, match="could not load"):
+        assert not compile_cache.load("k")
+
+
+def test_load_for_run_logs_status(fake_torch_cache, monkeypatch):
+    cfg = get_preset("demo")
+    lines = []
+    key = compile_cache.cache_key(cfg, "cpu", 1)
+    assert compile_cache.load_for_run(cfg, "cpu", 1, lines.append) == f"none ({key})"
+    compile_cache.save(key)
+    assert compile_cache.load_for_run(cfg, "cpu", 1, lines.append) == f"loaded {key}"
+    monkeypatch.setenv(compile_cache.ENV_SWITCH, "off")
+    assert compile_cache.load_for_run(cfg, "cpu", 1, lines.append).startswith("off")
+    assert lines[0] == f"compile cache: none ({key})" and lines[1] == f"compile cache: loaded {key}"
+
+
+def test_cache_degrades_without_torch_support(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPEEDRUN_HOME", str(tmp_path))
+    monkeypatch.delattr(torch.compiler, "save_cache_artifacts")
+    assert not compile_cache.available()
+    assert compile_cache.save("k") is None and not compile_cache.load("k")
+    assert compile_cache.load_for_run(get_preset("demo"), "cpu", 1, None).startswith("unavailable")
+
+
+# ---------------------------------------------------------------- regional compilation
+
+
+def test_compile_regional_is_a_valid_mode():
+    cfg = apply_overrides(get_preset("demo"), ["train.compile=regional"])
+    validate(cfg)
+    with pytest.raises(ConfigError, match="regional"):
+        validate(apply_overrides(get_preset("demo"), ["train.compile=blocks"]))
+
+
+@pytest.mark.slow
+def test_regional_compile_matches_eager():
+    from speedrun.model import GPT
+    from speedrun.regional import compile_regions
+
+    torch._dynamo.reset()
+    cfg = apply_overrides(get_preset("demo"), ["model.num_layers=4", "model.value_embeds=1",
+                                               "model.long_layers=0,3", "model.no_attn_layers=2"])
+    torch.manual_seed(0)
+    eager = GPT(cfg.model, cfg.attention)
+    torch.manual_seed(0)
+    model = GPT(cfg.model, cfg.attention)
+    step_model = compile_regions(model)
+    tokens = torch.randint(0, 50256, (512,))
+    tokens[::97] = 50256
+    targets = torch.randint(0, 50256, (512,))
+    window = torch.tensor(2, dtype=torch.int32)
+    for _ in range(2):  # a training step in between: the compiled blocks see updated weights
+        a, b = eager(tokens, targets, window), step_model(tokens, targets, window)
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-3)
+        a.backward()
+        b.backward()
+        for (n, p), q in zip(eager.named_parameters(), model.parameters()):
+            torch.testing.assert_close(q.grad, p.grad, rtol=1e-3, atol=1e-4, msg=n)
+        with torch.no_grad():
+            for p, q in zip(eager.parameters(), model.parameters()):
+                p.sub_(0.1 * p.grad.sign()), q.sub_(0.1 * q.grad.sign())
+                p.grad = q.grad = None
+    eager.eval(), model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(step_model(tokens, targets, window), eager(tokens, targets, window),
+                                   rtol=1e-4, atol=1e-4)
+    assert list(model.state_dict()) == list(eager.state_dict())  # compiled in place: names unchanged
+
+
+@pytest.mark.slow
+def test_warm_then_run_loads_cache(tmp_path, monkeypatch, capsys):
+    """`speedrun warm` on a compiled tiny preset saves a cache that a Trainer then loads."""
+    from speedrun.cli import main
+
+    torch._dynamo.reset()
+    monkeypatch.setenv("SPEEDRUN_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    args = ["warm", "--preset", "demo", "--warmup", "1"]
+    for o in TINY + ["train.compile=regional"]:
+        args += ["--set", o]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "compile cache: none (" in out and "compile cache: saved" in out
+    files = list((tmp_path / "home" / "compile").glob("*.bin"))
+    assert len(files) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a valid file loads without any warning
+        assert compile_cache.read_file(files[0]) is not None
+    rc = main(tiny_args("--steps", "1", "--repeats", "1", "--warmup", "1", "--set", "train.compile=regional"))
+    assert rc == 0
+    assert f"compile cache: loaded {files[0].stem}" in capsys.readouterr().out
