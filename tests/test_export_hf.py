@@ -25,6 +25,7 @@ VARIANTS = {
     "llmc-like": {"norm": "layer", "positions": "learned", "max_positions": 512, "activation": "gelu",
                   "value_embeds": 0, "unet": False, "x0_lambdas": False, "attn_gate": False, "qk_norm": False,
                   "logit_softcap": 0.0, "zero_init": False},
+    "value-residual": {"value_embeds": 0, "value_residual": True, "softcap_form": "tanh"},
 }
 
 

@@ -11,11 +11,14 @@ from speedrun.presets import demo
 from speedrun.sample import KVCache, generate, generate_text, window_mask
 
 
-def tiny_model(seed=0):
+def tiny_model(seed=0, **fields):
     """Random 4-layer model: long/short windows, a no-attention layer, value embeds, U-net."""
     cfg = demo()
     m = cfg.model
-    m.model_dim, m.num_heads, m.head_dim, m.num_layers, m.value_embeds, m.mlp_hidden = 64, 2, 32, 4, 2, 128
+    for k, v in fields.items():
+        setattr(m, k, v)
+    m.model_dim, m.num_heads, m.head_dim, m.num_layers, m.mlp_hidden = 64, 2, 32, 4, 128
+    m.value_embeds = fields.get("value_embeds", 2)
     m.long_layers, m.no_attn_layers = (0, 3), (2,)
     torch.manual_seed(seed)
     model = GPT(cfg.model, cfg.attention)
@@ -58,8 +61,9 @@ def test_cached_greedy_equals_recomputed_greedy():
     assert len(set(fast)) > 5  # the random model is not degenerate
 
 
-def test_cached_logits_match_at_every_step():
-    model, _ = tiny_model(1)
+@pytest.mark.parametrize("fields", [{}, {"value_embeds": 0, "value_residual": True}])
+def test_cached_logits_match_at_every_step(fields):
+    model, _ = tiny_model(1, **fields)
     seq = [EOT] + torch.randint(0, 50257, (300,), generator=torch.Generator().manual_seed(0)).tolist()
     cache = KVCache(model, len(seq), 1, torch.float32)
     cache.extend(torch.tensor(seq[:140]))

@@ -23,7 +23,7 @@ import torch
 from speedrun.errors import ConfigError
 
 MODEL_FIELDS = ("num_layers", "model_dim", "num_heads", "head_dim", "mlp_hidden", "activation", "positions",
-                "rotary", "max_positions", "norm", "qk_norm", "tied_head", "value_embeds", "x0_lambdas", "unet",
+                "rotary", "max_positions", "norm", "qk_norm", "tied_head", "value_embeds", "value_residual", "x0_lambdas", "unet",
                 "logit_softcap", "softcap_form", "attn_scale", "attn_gate", "gate_inputs", "no_attn_layers",
                 "long_layers", "bias")
 EOT_TEXT = "<|endoftext|>"

@@ -32,7 +32,8 @@ def fp8_supported(device: torch.device) -> bool:
 
 
 def _scale(t: Tensor, s: float) -> Tensor:
-    return torch.tensor(s, dtype=torch.float32, device=t.device)
+    """A 0-d float32 scale on t's device, filled there (no host-to-device copy)."""
+    return torch.full((), s, dtype=torch.float32, device=t.device)
 
 
 def _forward_impl(x: Tensor, w: Tensor, x_s: float, w_s: float) -> tuple[Tensor, Tensor, Tensor]:

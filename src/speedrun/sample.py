@@ -100,7 +100,7 @@ class KVCache:
         lay = scalar_layout(cfg.num_layers)
         skip_w, block_l, attn_l = m.scalars[lay["skip"]], m.scalars[lay["block"]], m.scalars[lay["attn"]]
         L, n_skip = cfg.num_layers, cfg.num_layers // 2 if cfg.unet else 0
-        stack = []
+        stack, v_first = [], None
         for i, block in enumerate(m.blocks):
             if i >= L - n_skip:
                 x = x + skip_w[i - (L - n_skip)] * stack.pop()
@@ -109,7 +109,10 @@ class KVCache:
             if block.attn is not None:
                 h = block.norm1(x)
                 vi = m.value_embed_for(i)
-                q, k, v = block.attn.project(h, ve[vi] if vi is not None else None, attn_l[2 * i: 2 * i + 2], pos)
+                vei = ve[vi] if vi is not None else v_first
+                q, k, v = block.attn.project(h, vei, attn_l[2 * i: 2 * i + 2], pos)
+                if cfg.value_residual and v_first is None:
+                    v_first = v  # the value residual: later layers mix in the first layer's V
                 y = self._attend(i, q, k, v, start, docs, m.is_long(i))
                 x = x + block.attn.finish(y, h)
             x = x + block.mlp(block.norm2(x))

@@ -255,7 +255,7 @@ class Trainer:
     def window(self, step: int) -> torch.Tensor:
         blocks = schedules.window_blocks(step / self.cfg.train.steps, self.cfg.attention)
         if blocks not in self._windows:
-            self._windows[blocks] = torch.tensor(blocks, dtype=torch.int32, device=self.device)
+            self._windows[blocks] = torch.full((), blocks, dtype=torch.int32, device=self.device)
         return self._windows[blocks]
 
     def set_schedules(self, step: int) -> None:

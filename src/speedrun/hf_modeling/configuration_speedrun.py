@@ -13,7 +13,7 @@ from transformers import PretrainedConfig
 DEFAULTS = dict(
     vocab_size=50304, real_vocab_size=50257, num_layers=12, model_dim=768, num_heads=6, head_dim=128,
     mlp_hidden=3072, activation="relu2", positions="rotary", rotary="half_truncated", max_positions=1024,
-    norm="rms", qk_norm=True, tied_head=False, value_embeds=3, x0_lambdas=True, unet=True,
+    norm="rms", qk_norm=True, tied_head=False, value_embeds=3, value_residual=False, x0_lambdas=True, unet=True,
     logit_softcap=30.0, softcap_form="sigmoid", attn_scale=0.12, attn_gate=True, gate_inputs=12,
     no_attn_layers=[7], long_layers=[0, 4, 7, 11], bias=False, num_scalars=60,
     doc_mask=True, block_size=128, long_window_blocks=14, long_short=True, segment_len=0, eot_token_id=50256,

@@ -75,7 +75,7 @@ class Attention(nn.Module):
         self.gate_w = nn.Parameter(torch.zeros(c.num_heads, c.gate_inputs)) if c.attn_gate else None
         self.scale = c.attn_scale or 1.0 / math.sqrt(c.head_dim)
 
-    def forward(self, x, ve, lambdas, pos, mask):
+    def forward(self, x, ve, lambdas, pos, mask, keep_v=None):
         c, (B, T) = self.c, x.shape[:2]
         H, D = c.num_heads, c.head_dim
         qkv = _linear(x, self.qkvo_w[:3].flatten(end_dim=1), self.qkv_b)
@@ -89,6 +89,8 @@ class Attention(nn.Module):
             v = lambdas[0] * v + lambdas[1] * ve.view_as(v)
         elif c.value_embeds:
             v = lambdas[0] * v
+        if keep_v is not None:  # value residual: later layers mix in the first layer's V
+            keep_v.append(v)
         y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                            attn_mask=mask[:, None], scale=self.scale).transpose(1, 2)
         if self.gate_w is not None:
@@ -120,11 +122,11 @@ class Block(nn.Module):
         self.norm1 = Norm(c.model_dim, c.norm)
         self.norm2 = Norm(c.model_dim, c.norm)
 
-    def forward(self, x, x0, ve, block_lambdas, attn_lambdas, pos, mask):
+    def forward(self, x, x0, ve, block_lambdas, attn_lambdas, pos, mask, keep_v=None):
         if block_lambdas is not None:
             x = block_lambdas[0] * x + block_lambdas[1] * x0
         if self.attn is not None:
-            x = x + self.attn(self.norm1(x), ve, attn_lambdas, pos, mask)
+            x = x + self.attn(self.norm1(x), ve, attn_lambdas, pos, mask, keep_v)
         return x + self.mlp(self.norm2(x))
 
 
@@ -211,14 +213,16 @@ class SpeedrunForCausalLM(PreTrainedModel, GenerationMixin):
         L = c.num_layers
         skips_w, block_l, attn_l = self.scalars[:L], self.scalars[L: 3 * L], self.scalars[3 * L: 5 * L]
         n_skip = L // 2 if c.unet else 0
-        stack = []
+        stack, v_first = [], []
         for i, block in enumerate(self.blocks):
             if i >= L - n_skip:
                 x = x + skips_w[i - (L - n_skip)] * stack.pop()
             vi = self._value_embed_for(i)
             bl = block_l[2 * i: 2 * i + 2] if c.x0_lambdas else None
             mask = masks[long_w if i in c.long_layers else short_w]
-            x = block(x, x0, ve[vi] if vi is not None else None, bl, attn_l[2 * i: 2 * i + 2], pos, mask)
+            vei = ve[vi] if vi is not None else v_first[0] if v_first else None
+            keep = v_first if getattr(c, "value_residual", False) and not v_first else None
+            x = block(x, x0, vei, bl, attn_l[2 * i: 2 * i + 2], pos, mask, keep)
             if i < n_skip:
                 stack.append(x)
         return self.final_norm(x)
