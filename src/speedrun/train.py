@@ -14,6 +14,7 @@ anyway).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -35,8 +36,6 @@ from speedrun.rundir import RunDir, default_out_dir, git_commit
 def process_start_time() -> float:
     """Wall-clock time at which this process started (Linux /proc), else now."""
     try:
-        import os
-
         ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
         boot = next(float(line.split()[1]) for line in open("/proc/stat") if line.startswith("btime"))
         return boot + ticks / os.sysconf("SC_CLK_TCK")
@@ -409,10 +408,8 @@ class Trainer:
         return summary
 
     def _print_sample(self) -> None:
-        try:
-            from speedrun.sample import generate_text
-        except ImportError:
-            return
+        from speedrun.sample import generate_text
+
         text = generate_text(self.model, "It was a dark and stormy night", self.cfg.train.sample_tokens,
                              window_blocks=int(self.window(self.cfg.train.steps)), dtype=self.dtype)
         print(f"sample: {text}")
@@ -420,7 +417,8 @@ class Trainer:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point for `python -m speedrun.train` / torchrun."""
-    parser = argparse.ArgumentParser(prog="python -m speedrun.train", description=register.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m speedrun.train",
+                                     description="Train a preset; launch with torchrun for several GPUs.")
     add_train_arguments(parser)
     args = parser.parse_args(argv)
     try:
