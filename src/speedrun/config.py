@@ -51,6 +51,9 @@ class ModelConfig:
     bf16_embeds: bool = True  # embeddings stored in bfloat16 when activations are bfloat16
     bias: bool = False  # biases in linear layers (llm.c GPT-2)
     value_residual: bool = False  # 2024-11 ladder rungs: layers >= 1 mix layer 0's V into theirs (the attention lambdas)
+    # Training loss kernel: "torch" | "triton" (fused soft-capped cross-entropy, softcap_ce.py) | "auto"
+    # (triton on CUDA when installed). Same math, implementation choice; torch until measured on the GPU.
+    ce_kernel: str = "torch"
 
     @property
     def padded_vocab(self) -> int:
@@ -283,6 +286,8 @@ def validate(cfg: RunConfig, world_size: int = 1) -> None:
         (m.rotary in ("half_truncated", "full"), "model.rotary", f"must be half_truncated or full, got {m.rotary!r}"),
         (m.norm in ("rms", "layer"), "model.norm", f"must be rms or layer, got {m.norm!r}"),
         (m.softcap_form in ("sigmoid", "tanh"), "model.softcap_form", f"must be sigmoid or tanh, got {m.softcap_form!r}"),
+        (m.ce_kernel in ("torch", "triton", "auto"), "model.ce_kernel",
+         f"must be torch, triton or auto, got {m.ce_kernel!r}"),
         (2 * m.value_embeds <= m.num_layers, "model.value_embeds",
          f"needs 2*value_embeds <= num_layers, got {m.value_embeds} for {m.num_layers} layers"),
         (m.gate_inputs <= m.model_dim, "model.gate_inputs", "must be <= model_dim"),

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from speedrun.attention import AttentionMasks, document_ids
 from speedrun.config import AttentionConfig, ModelConfig
 from speedrun.fp8 import head_matmul
+from speedrun.softcap_ce import softcap_cross_entropy
 
 
 EVAL_CHUNK = 16384
@@ -315,8 +316,8 @@ class GPT(nn.Module):
         x = self.hidden(tokens, long_blocks, dtype)[0]
         if not self.training:
             return self.eval_loss(x, targets)
-        logits = self.softcap(head_matmul(x, self.head_weight, self.use_fp8))
-        return F.cross_entropy(logits, targets, reduction="sum")
+        z = head_matmul(x, self.head_weight, self.use_fp8)
+        return softcap_cross_entropy(z, targets, self.cfg.logit_softcap, self.cfg.softcap_form, self.cfg.ce_kernel)
 
     def eval_loss(self, x: Tensor, targets: Tensor, chunk: int = EVAL_CHUNK) -> Tensor:
         """Mean cross-entropy with the head applied in chunks of tokens, so that a

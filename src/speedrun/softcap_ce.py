@@ -1,0 +1,268 @@
+"""Soft-capped cross-entropy for the training head, with a fused Triton kernel.
+
+The training loss is
+
+    s = softcap(z);  loss = sum_i (logsumexp_j s_ij - s_i,t_i)
+
+over the (tokens x vocabulary) head output z, with softcap(z) = c*sigmoid(z/7.5)
+("sigmoid", the record, c = 30), c*tanh(z/c) ("tanh") or z ("none", or c = 0).
+Padded vocabulary columns are ordinary columns: they take part in the softmax.
+
+Two implementations of `softcap_cross_entropy`:
+
+* ``torch``: `F.cross_entropy(softcap(z.float()), t, reduction="sum")`, the
+  exact calls `GPT.forward` made before this module existed (the ground truth;
+  bit-identical to them). Under `torch.compile`, Inductor turns it into one
+  forward reduction kernel and one backward kernel, each sweeping the logits.
+* ``triton``: one kernel launch computes each row's loss *and* the gradient
+  d loss_i / d z_ij = (softmax(s_i)_j - [j = t_i]) * ds/dz_ij, written in z's
+  dtype (bfloat16 in training). One program per row makes two passes over the
+  row: first the float32 sum of exp(s - m), with m = c (a known upper bound of
+  s, so no max is needed) for the capped forms, a running max for "none" or
+  caps too large for that shift; then the gradient. The backward only multiplies that saved gradient by the upstream
+  gradient, in place (see `_backward`). It is a `torch.library.custom_op`, so
+  `torch.compile(fullgraph=True)` keeps it whole; `register_fake` gives its
+  output shapes and strides.
+
+`impl="auto"` takes the Triton kernel for CUDA tensors when Triton is
+installed, the torch path otherwise. Nothing here imports Triton at import
+time (only `importlib.util.find_spec` is consulted); the kernel is built on
+first use, so `TRITON_INTERPRET=1` set before that first use runs it on a CPU
+through Triton's interpreter (the tests do this in a subprocess).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+IMPLS = ("torch", "triton", "auto")
+FORMS = ("sigmoid", "tanh", "none")
+SIGMOID_TEMPERATURE = 7.5  # the record's 30*sigmoid(z/7.5)
+IGNORE_INDEX = -100  # F.cross_entropy's default: such rows add 0 to the loss and get a zero gradient
+
+# Does a Triton distribution exist? (looked up, not imported; a constant for Dynamo)
+_TRITON_FOUND = importlib.util.find_spec("triton") is not None
+
+# Kernel launch parameters. BLOCK_V: vocabulary columns per inner-loop step
+# (a power of two); 50304 = 24.6 x 2048. Tune on the GPU.
+KERNEL_CONFIG = {"BLOCK_V": 2048, "num_warps": 8}
+
+
+# --------------------------------------------------------------------------- reference
+
+
+def softcap(z: Tensor, cap: float, form: str) -> Tensor:
+    """float32 soft-capped logits: the same operations as `GPT.softcap`."""
+    z = z.float()
+    if not cap or form == "none":
+        return z
+    if form == "sigmoid":
+        return cap * torch.sigmoid(z / SIGMOID_TEMPERATURE)
+    return cap * torch.tanh(z / cap)
+
+
+def reference_cross_entropy(z: Tensor, targets: Tensor, cap: float, form: str) -> Tensor:
+    """What the model computed before this module: summed cross-entropy of the soft-capped logits."""
+    return F.cross_entropy(softcap(z, cap, form), targets, reduction="sum")
+
+
+# --------------------------------------------------------------------------- dispatch
+
+
+def _check(form: str, impl: str) -> None:
+    if form not in FORMS:
+        raise ValueError(f"softcap form must be one of {FORMS}, got {form!r}")
+    if impl not in IMPLS:
+        raise ValueError(f"cross-entropy impl must be one of {IMPLS}, got {impl!r}")
+
+
+def pick_impl(z: Tensor, impl: str = "auto") -> str:
+    """The implementation `softcap_cross_entropy` runs for z: "torch" or "triton"."""
+    if impl == "auto":
+        return "triton" if (z.is_cuda and _TRITON_FOUND) else "torch"
+    return impl
+
+
+def softcap_cross_entropy(z: Tensor, targets: Tensor, cap: float, form: str, impl: str = "torch") -> Tensor:
+    """sum_i CE(softcap(z_i), t_i) as a float32 scalar, differentiable with respect to z.
+
+    z: (N, V) logits (bfloat16 or float32); targets: (N,) int64 class ids
+    (IGNORE_INDEX rows are skipped, as `F.cross_entropy` does); cap = 0 or
+    form = "none" means no soft-cap. impl: "torch" (the reference), "triton"
+    (the fused kernel; CUDA, or a CPU under TRITON_INTERPRET=1), "auto".
+    """
+    _check(form, impl)
+    if pick_impl(z, impl) == "torch":
+        return reference_cross_entropy(z, targets, cap, form)
+    if not _TRITON_FOUND:
+        raise RuntimeError("softcap_cross_entropy impl='triton' needs Triton installed")
+    form = "none" if not cap else form
+    z, targets = z.reshape(-1, z.shape[-1]), targets.reshape(-1)
+    want_grad = torch.is_grad_enabled() and z.requires_grad
+    losses, _ = torch.ops.speedrun.softcap_ce(z, targets, float(cap), form, want_grad)
+    return losses.sum()
+
+
+# --------------------------------------------------------------------------- Triton kernel
+
+triton = None  # set by _build_kernel on first use
+tl = None
+_KERNEL = None
+_softcap_jit = _softcap_ce_kernel = None
+_FORM_CODE = {"none": 0, "sigmoid": 1, "tanh": 2}
+
+
+def _build_kernel():
+    """Import Triton and define the kernel (once). Reads TRITON_INTERPRET at this moment."""
+    global triton, tl, _KERNEL, _softcap_jit, _softcap_ce_kernel  # defs below bind module globals:
+    if _KERNEL is not None:
+        return _KERNEL
+    import triton as _triton
+    import triton.language as _tl
+
+    triton, tl = _triton, _tl
+    # The kernels are defined here, not at import, and bound as module globals:
+    # the interpreter re-executes their source with the module's globals only.
+
+    @triton.jit
+    def _softcap_jit(zf, cap, inv_scale, FORM: tl.constexpr):
+        """(s, ds/dz) for float32 z; inv_scale = 1/7.5 (sigmoid) or 1/c (tanh): a product, not a division."""
+        if FORM == 1:  # c * sigmoid(z / 7.5)
+            sig = 1.0 / (1.0 + tl.exp(-(zf * inv_scale)))
+            s = cap * sig
+            ds = (cap * inv_scale) * sig * (1.0 - sig)
+        elif FORM == 2:  # c * tanh(z / c); tanh(x) = 1 - r, r = 2 / (exp(2x) + 1), saturates cleanly to +-1
+            r = 2.0 / (tl.exp(2.0 * (zf * inv_scale)) + 1.0)
+            s = cap * (1.0 - r)
+            ds = r * (2.0 - r)  # 1 - tanh^2 without cancellation near +-1
+        else:
+            s = zf
+            ds = tl.full(zf.shape, 1.0, tl.float32)
+        return s, ds
+
+    @triton.jit
+    def _softcap_ce_kernel(
+        Z, T, LOSS, GRAD, stride_z, stride_g, cap, inv_scale,
+        V: tl.constexpr, FORM: tl.constexpr, STATIC_MAX: tl.constexpr, IGNORE: tl.constexpr,
+        WRITE_GRAD: tl.constexpr, BLOCK_V: tl.constexpr,
+    ):
+        row = tl.program_id(0).to(tl.int64)  # int64: N x V exceeds 2^31 in training
+        z_row = Z + row * stride_z
+        cols = tl.arange(0, BLOCK_V)
+        t = tl.load(T + row).to(tl.int32)
+
+        # pass 1: per-lane sums of exp(s - m). STATIC_MAX: s <= cap is known, so m = cap and the
+        # loop has no cross-lane work; otherwise m is a running max, rescaled once per block.
+        acc = tl.zeros((BLOCK_V,), tl.float32)
+        if STATIC_MAX:
+            m = cap
+            for v0 in range(0, V, BLOCK_V):
+                idx = v0 + cols
+                ok = idx < V
+                zf = tl.load(z_row + idx, mask=ok, other=0.0).to(tl.float32)
+                s, _ = _softcap_jit(zf, cap, inv_scale, FORM)
+                acc += tl.where(ok, tl.exp(s - m), 0.0)
+        else:
+            m = tl.max(tl.full((BLOCK_V,), float("-inf"), tl.float32), axis=0)
+            for v0 in range(0, V, BLOCK_V):
+                idx = v0 + cols
+                ok = idx < V
+                zf = tl.load(z_row + idx, mask=ok, other=0.0).to(tl.float32)
+                s, _ = _softcap_jit(zf, cap, inv_scale, FORM)
+                s = tl.where(ok, s, float("-inf"))
+                m_new = tl.maximum(m, tl.max(s, axis=0))
+                acc = acc * tl.exp(m - m_new) + tl.exp(s - m_new)
+                m = m_new
+        lse = m + tl.log(tl.sum(acc, axis=0))
+
+        ignored = t == IGNORE
+        t_safe = tl.where(ignored, 0, t)
+        z_t = tl.load(z_row + t_safe, mask=(t_safe >= 0) & (t_safe < V), other=0.0).to(tl.float32)  # bad ids: undefined
+        s_t1, _ = _softcap_jit(tl.full((1,), 1.0, tl.float32) * z_t, cap, inv_scale, FORM)
+        s_t = tl.sum(s_t1, axis=0)
+        tl.store(LOSS + row, tl.where(ignored, 0.0, lse - s_t))
+
+        # pass 2: gradient (softmax - onehot) * ds/dz, stored in GRAD's dtype
+        if WRITE_GRAD:
+            g_row = GRAD + row * stride_g
+            keep = tl.where(ignored, 0.0, 1.0)
+            for v0 in range(0, V, BLOCK_V):
+                idx = v0 + cols
+                ok = idx < V
+                zf = tl.load(z_row + idx, mask=ok, other=0.0).to(tl.float32)
+                s, ds = _softcap_jit(zf, cap, inv_scale, FORM)
+                p = tl.exp(s - lse)
+                g = (p - tl.where(idx == t, 1.0, 0.0)) * ds * keep
+                tl.store(g_row + idx, g.to(GRAD.dtype.element_ty), mask=ok)
+
+    _KERNEL = _softcap_ce_kernel
+    return _KERNEL
+
+
+def _launch(z: Tensor, targets: Tensor, cap: float, form: str, want_grad: bool) -> tuple[Tensor, Tensor]:
+    kernel = _build_kernel()
+    if z.stride(-1) != 1:
+        z = z.contiguous()
+    targets = targets.contiguous()
+    N, V = z.shape
+    losses = torch.empty(N, dtype=torch.float32, device=z.device)
+    grad = torch.empty((N, V) if want_grad else (0,), dtype=z.dtype, device=z.device)
+    inv_scale = 1.0 / SIGMOID_TEMPERATURE if form == "sigmoid" else 1.0 / cap if form == "tanh" else 1.0
+    # a fixed shift m = cap is safe while exp(min s - cap) stays a normal float32: s > 0 (sigmoid), s > -cap (tanh)
+    static_max = (form == "sigmoid" and 0 < cap <= 80) or (form == "tanh" and 0 < cap <= 40)
+    if N:
+        cfg = KERNEL_CONFIG
+        kernel[(N,)](
+            z, targets, losses, grad, z.stride(0), V if want_grad else 0, float(cap), inv_scale,
+            V=V, FORM=_FORM_CODE[form], STATIC_MAX=static_max, IGNORE=IGNORE_INDEX,
+            WRITE_GRAD=want_grad, BLOCK_V=cfg["BLOCK_V"], num_warps=cfg["num_warps"],
+        )
+    return losses, grad
+
+
+@torch.library.custom_op("speedrun::softcap_ce", mutates_args=())
+def softcap_ce(z: Tensor, targets: Tensor, cap: float, form: str, want_grad: bool) -> tuple[Tensor, Tensor]:
+    """Per-row losses (N,) float32 and d loss_i / d z (N, V) in z's dtype ((0,) when not want_grad)."""
+    return _launch(z, targets, cap, form, want_grad)
+
+
+@softcap_ce.register_fake
+def _(z, targets, cap, form, want_grad):
+    losses = z.new_empty((z.shape[0],), dtype=torch.float32)
+    grad = z.new_empty((z.shape[0], z.shape[1]) if want_grad else (0,))  # contiguous, z's dtype, as the op
+    return losses, grad
+
+
+def _setup_context(ctx, inputs, output):
+    _, grad = output
+    ctx.mark_non_differentiable(grad)
+    ctx.save_for_backward(grad)
+    ctx.want_grad = inputs[4]
+    ctx.consumed = False
+
+
+def _backward(ctx, g_losses, _g_grad):
+    """d total / d z = saved gradient x upstream gradient of each row's loss.
+
+    In place: the saved gradient is an internal output of the op; the public
+    function returns only `losses.sum()`, so nothing but this context holds
+    it, and it is dead after this backward. Scaling it with `mul_` allocates no
+    second (N, V) buffer. Under `torch.compile`, AOTAutograd functionalises the
+    `mul_` and Inductor may reuse the saved ("donated") buffer for the result.
+    A second backward through the same graph (retain_graph=True) would scale it
+    twice, so it is refused.
+    """
+    if not ctx.want_grad:
+        raise RuntimeError("softcap_ce: the forward ran without a gradient (no grad mode or z did not require grad)")
+    if ctx.consumed:
+        raise RuntimeError("softcap_ce: backward can run once per forward (the gradient is scaled in place)")
+    ctx.consumed = True
+    (grad,) = ctx.saved_tensors
+    return grad.mul_(g_losses.unsqueeze(1)), None, None, None, None
+
+
+softcap_ce.register_autograd(_backward, setup_context=_setup_context)

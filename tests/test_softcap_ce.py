@@ -1,0 +1,330 @@
+"""Soft-capped cross-entropy: the reference, the fused Triton kernel, the model wiring.
+
+The Triton kernel is checked on the CPU through Triton's interpreter, in a
+subprocess started with TRITON_INTERPRET=1 (the variable is read when a
+kernel is defined, so it must not leak into this process, where GPU tests may
+compile the real kernel). Without Triton installed those tests skip.
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from speedrun.config import ModelConfig, RunConfig, apply_overrides, validate
+from speedrun.errors import ConfigError
+from speedrun.model import GPT
+from speedrun.softcap_ce import pick_impl, reference_cross_entropy, softcap, softcap_cross_entropy
+
+FORMS = [("sigmoid", 30.0), ("tanh", 30.0), ("none", 0.0)]
+
+# Kernel vs reference. Loss: relative error of the sum. Gradient (|got - ref| <= atol + rtol*|ref|):
+# float32 values agree to a few ulps; bfloat16 gradients are both rounded from nearly equal float32
+# values and may sit one bfloat16 ulp apart, which is at most 2^-7 of the value (8-bit significand).
+LOSS_RTOL = 1e-5
+GRAD_TOL = {"float32": (1e-5, 1e-6), "bfloat16": (2.0**-7, 1e-6)}
+
+
+def model_softcap(z, cap, form):
+    """GPT.softcap as the model has it (the code the reference must reproduce)."""
+    cfg = ModelConfig(logit_softcap=cap, softcap_form="sigmoid" if form == "none" else form)
+    return GPT.softcap(type("M", (), {"cfg": cfg})(), z)
+
+
+@pytest.mark.parametrize("form,cap", FORMS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_reference_is_cross_entropy_of_softcap(form, cap, dtype):
+    g = torch.Generator().manual_seed(1)
+    z = (torch.randn(50, 301, generator=g) * 25).to(dtype).requires_grad_()
+    t = torch.randint(0, 301, (50,), generator=g)
+    loss = reference_cross_entropy(z, t, cap, form)
+    (gz,) = torch.autograd.grad(loss, z)
+    expect = F.cross_entropy(model_softcap(z, cap, form), t, reduction="sum")
+    (gz_expect,) = torch.autograd.grad(expect, z)
+    assert loss.dtype == torch.float32 and loss.shape == ()
+    assert torch.equal(loss, expect) and torch.equal(gz, gz_expect)
+    assert torch.equal(softcap(z, cap, form), model_softcap(z, cap, form))
+    assert torch.equal(softcap_cross_entropy(z, t, cap, form, impl="torch"), expect)
+    # and against the formula: logsumexp(s) - s_t, gradient (softmax - onehot) * ds/dz
+    s = softcap(z.detach().double(), cap, form).double()
+    manual = (torch.logsumexp(s, 1) - s.gather(1, t[:, None])[:, 0]).sum()
+    assert math.isclose(loss.item(), manual.item(), rel_tol=1e-5)
+
+
+def test_impl_choice_and_validation():
+    z = torch.zeros(2, 5)
+    assert pick_impl(z, "auto") == "torch"  # CPU tensor
+    assert pick_impl(z, "triton") == "triton" and pick_impl(z, "torch") == "torch"
+    t = torch.tensor([0, 1])
+    assert torch.equal(softcap_cross_entropy(z, t, 30.0, "sigmoid", impl="auto"), reference_cross_entropy(z, t, 30.0, "sigmoid"))
+    with pytest.raises(ValueError):
+        softcap_cross_entropy(z, t, 30.0, "cubic")
+    with pytest.raises(ValueError):
+        softcap_cross_entropy(z, t, 30.0, "sigmoid", impl="cuda")
+    cfg = RunConfig()
+    apply_overrides(cfg, ["model.ce_kernel=triton"])
+    validate(cfg)
+    apply_overrides(cfg, ["model.ce_kernel=fast"])
+    with pytest.raises(ConfigError, match="model.ce_kernel"):
+        validate(cfg)
+
+
+def _tiny_cfg(**extra):
+    from speedrun.presets import demo
+    cfg = demo()
+    apply_overrides(cfg, ["model.num_layers=2", "model.value_embeds=1", "model.model_dim=64", "model.num_heads=2",
+                          "model.head_dim=32", "model.mlp_hidden=128", "model.long_layers=0",
+                          "model.vocab_size=500"] + [f"{k}={v}" for k, v in extra.items()])
+    return cfg
+
+
+@pytest.mark.parametrize("form", ["sigmoid", "tanh", "none"])
+def test_model_torch_kernel_is_todays_code(form):
+    """ce_kernel=torch: loss and every gradient bit-identical to the code it replaced."""
+    extra = {"model.logit_softcap": 0} if form == "none" else {"model.softcap_form": form}
+    cfg = _tiny_cfg(**extra)
+    assert cfg.model.ce_kernel == "torch"
+    torch.manual_seed(0)
+    model = GPT(cfg.model, cfg.attention)
+    with torch.no_grad():
+        model.head_w.normal_(0, 0.5)  # non-zero head, so the soft-cap matters
+    tok = torch.randint(0, 500, (128,))
+    tgt = torch.roll(tok, -1)
+    lb = torch.tensor(2)
+    loss = model(tok, tgt, lb)
+    grads = torch.autograd.grad(loss, list(model.parameters()), allow_unused=True)
+    from speedrun.fp8 import head_matmul
+    x = model.hidden(tok, lb, torch.float32)[0]
+    old = F.cross_entropy(model.softcap(head_matmul(x, model.head_weight, model.use_fp8)), tgt, reduction="sum")
+    old_grads = torch.autograd.grad(old, list(model.parameters()), allow_unused=True)
+    assert torch.equal(loss, old)
+    for a, b in zip(grads, old_grads):
+        assert (a is None and b is None) or torch.equal(a, b)
+
+
+# --------------------------------------------------------------------------- Triton, interpreted on the CPU
+
+_INTERPRETED = textwrap.dedent(r'''
+    import json, os, sys, time
+    assert os.environ.get("TRITON_INTERPRET") == "1"
+    import torch
+    from speedrun import softcap_ce as sc
+
+    def compare(form, cap, dtype, N, V, scale, block, seed=0, upstream=0.5):
+        g = torch.Generator().manual_seed(seed)
+        sc.KERNEL_CONFIG["BLOCK_V"] = block
+        z = (torch.randn(N, V, generator=g) * scale).to(dtype)
+        t = torch.randint(0, V, (N,), generator=g)
+        if N > 3:
+            t[2] = sc.IGNORE_INDEX
+            t[1] = V - 1  # last (masked-block) column
+        z1, z2 = z.clone().requires_grad_(), z.clone().requires_grad_()
+        t0 = time.time()
+        got = sc.softcap_cross_entropy(z1, t, cap, form, impl="triton")
+        (got * upstream).backward()
+        secs = time.time() - t0
+        ref = sc.reference_cross_entropy(z2, t, cap, form)
+        (ref * upstream).backward()
+        a, b = z1.grad.double(), z2.grad.double()
+        rtol, atol = TOL[str(dtype).split(".")[1]]
+        over = ((a - b).abs() / (atol + rtol * b.abs())).max().item()
+        with torch.no_grad():
+            nograd = sc.softcap_cross_entropy(z, t, cap, form, impl="triton")
+        return dict(form=form, dtype=str(dtype), N=N, V=V, scale=scale, block=block,
+                    loss=got.item(), ref=ref.item(), loss_rel_err=abs(got.item() - ref.item()) / abs(ref.item()),
+                    nograd_equal=bool(torch.equal(nograd, got.detach())),
+                    grad_max_abs_err=(a - b).abs().max().item(), grad_max_abs=b.abs().max().item(),
+                    grad_over_tol=over, grad_dtype=str(z1.grad.dtype), finite=bool(torch.isfinite(a).all()), secs=secs)
+
+    TOL = json.loads(sys.argv[1])
+    out = {"cases": []}
+    for form, cap in [("sigmoid", 30.0), ("tanh", 30.0), ("none", 0.0)]:
+        for dtype in (torch.float32, torch.bfloat16):
+            out["cases"].append(compare(form, cap, dtype, 37, 3001, 10.0, 512))  # 6 blocks, last partial
+            out["cases"].append(compare(form, cap, dtype, 9, 3001, 3e3, 2048, seed=1))  # saturating logits
+    out["cases"].append(compare("sigmoid", 30.0, torch.bfloat16, 3, 50304, 8.0, 2048, seed=2))  # the record's V
+    out["cases"].append(compare("tanh", 15.0, torch.float32, 5, 7, 4.0, 16, seed=3))  # tiny odd V < BLOCK_V
+    out["cases"].append(compare("tanh", 60.0, torch.bfloat16, 9, 3001, 300.0, 512, seed=5))  # cap > 40: running max
+    out["cases"].append(compare("sigmoid", 30.0, torch.float32, 1, 131, 4.0, 64, seed=4))
+
+    # the backward scales the saved gradient in place: the op's own output becomes the result
+    z = torch.randn(6, 40, requires_grad=True)
+    t = torch.randint(0, 40, (6,))
+    losses, saved = torch.ops.speedrun.softcap_ce(z, t, 30.0, "sigmoid", True)
+    before = saved.clone()
+    (losses.sum() * 0.25).backward(retain_graph=True)
+    out["in_place"] = bool(torch.equal(saved, before * 0.25) and torch.equal(saved, z.grad))
+    try:
+        losses.sum().backward()
+        out["second_backward_refused"] = False
+    except RuntimeError:
+        out["second_backward_refused"] = True
+
+    # torch.compile(fullgraph=True) keeps the op whole; gradients reach the matmul operands
+    sc.KERNEL_CONFIG["BLOCK_V"] = 128
+    x = torch.randn(33, 16, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(300, 16, dtype=torch.bfloat16, requires_grad=True)
+    t = torch.randint(0, 300, (33,))
+    def f(x, w, t, impl):
+        return sc.softcap_cross_entropy(x @ w.T, t, 30.0, "sigmoid", impl=impl)
+    compiled = torch.compile(f, fullgraph=True)
+    got = compiled(x, w, t, "triton")
+    gx, gw = torch.autograd.grad(got * 0.125, (x, w))
+    ref = f(x, w, t, "torch")
+    rx, rw = torch.autograd.grad(ref * 0.125, (x, w))
+    rel = lambda a, b: ((a.float() - b.float()).norm() / b.float().norm()).item()
+    out["compiled"] = dict(loss_rel_err=abs(got.item() - ref.item()) / ref.item(), gx_rel=rel(gx, rx), gw_rel=rel(gw, rw))
+
+    # the model with ce_kernel=triton against ce_kernel=torch (float32, tiny vocabulary)
+    from speedrun.config import apply_overrides
+    from speedrun.model import GPT
+    from speedrun.presets import demo
+    cfg = demo()
+    apply_overrides(cfg, ["model.num_layers=2", "model.value_embeds=1", "model.model_dim=64", "model.num_heads=2",
+                          "model.head_dim=32", "model.mlp_hidden=128", "model.long_layers=0", "model.vocab_size=500"])
+    torch.manual_seed(0)
+    model = GPT(cfg.model, cfg.attention)
+    with torch.no_grad():
+        model.head_w.normal_(0, 0.5)
+    tok = torch.randint(0, 500, (128,))
+    results = {}
+    for kernel in ("torch", "triton"):
+        model.cfg.ce_kernel = kernel
+        loss = model(tok, torch.roll(tok, -1), torch.tensor(2))
+        results[kernel] = (loss, torch.autograd.grad(loss, [model.head_w, model.embed.weight]))
+    (lt, gt), (lk, gk) = results["torch"], results["triton"]
+    out["model"] = dict(loss_rel_err=abs(lk.item() - lt.item()) / lt.item(),
+                        grad_rel=max(rel(a, b) for a, b in zip(gk, gt)))
+    print("RESULT " + json.dumps(out))
+''')
+
+
+@pytest.fixture(scope="module")
+def interpreted():
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, "-c", _INTERPRETED, json.dumps(GRAD_TOL)], env=env,
+                          capture_output=True, text=True, timeout=900)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def test_interpreted_kernel_matches_reference(interpreted):
+    for case in interpreted["cases"]:
+        label = {k: case[k] for k in ("form", "dtype", "N", "V", "scale", "block")}
+        assert case["finite"], label
+        assert case["loss_rel_err"] < LOSS_RTOL, (label, case)
+        assert case["grad_over_tol"] <= 1.0, (label, case)
+        assert case["grad_dtype"] == case["dtype"], label
+        assert case["nograd_equal"], label
+
+
+def test_interpreted_backward_is_in_place_and_single_use(interpreted):
+    assert interpreted["in_place"]
+    assert interpreted["second_backward_refused"]
+
+
+def test_interpreted_kernel_under_compile_and_in_the_model(interpreted):
+    c, m = interpreted["compiled"], interpreted["model"]
+    assert c["loss_rel_err"] < LOSS_RTOL and c["gx_rel"] < 1e-2 and c["gw_rel"] < 1e-2, c
+    assert m["loss_rel_err"] < LOSS_RTOL and m["grad_rel"] < 1e-5, m
+
+
+# --------------------------------------------------------------------------- GPU
+
+N_REC, V_REC = 49152, 50304  # one micro-step of the record
+
+
+def _record_inputs(seed=0):
+    g = torch.Generator("cuda").manual_seed(seed)
+    z = (torch.randn(N_REC, V_REC, generator=g, device="cuda") * 8).bfloat16()
+    t = torch.randint(0, 50257, (N_REC,), generator=g, device="cuda")
+    return z, t
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("form,cap", FORMS)
+def test_gpu_kernel_matches_reference_at_record_size(cuda, form, cap):
+    """(49152, 50304) bfloat16. Tolerances: loss sum relative 1e-5; gradient |got-ref| <= 1e-6 + 2^-7 |ref|."""
+    pytest.importorskip("triton")
+    z, t = _record_inputs()
+    z.requires_grad_()
+    got = softcap_cross_entropy(z, t, cap, form, impl="triton")
+    (g_got,) = torch.autograd.grad(got, z)
+    ref = reference_cross_entropy(z, t, cap, form)
+    (g_ref,) = torch.autograd.grad(ref, z)
+    assert abs(got.item() - ref.item()) / abs(ref.item()) < LOSS_RTOL, (got.item(), ref.item())
+    assert g_got.dtype == torch.bfloat16 and g_got.shape == z.shape
+    rtol, atol = GRAD_TOL["bfloat16"]
+    for i in range(0, N_REC, 4096):  # in chunks: float32 copies of the whole gradient are 10 GB each
+        torch.testing.assert_close(g_got[i:i + 4096].float(), g_ref[i:i + 4096].float(), rtol=rtol, atol=atol)
+
+
+@pytest.mark.gpu
+def test_gpu_kernel_under_compile_in_a_model_like_head(cuda):
+    """The training head as the model runs it (FP8 matmul where supported), compiled fullgraph."""
+    pytest.importorskip("triton")
+    from speedrun.fp8 import fp8_supported, head_matmul
+    use_fp8 = fp8_supported(cuda)
+    g = torch.Generator("cuda").manual_seed(0)
+    x = torch.nn.functional.rms_norm(torch.randn(4096, 768, generator=g, device="cuda"), (768,)).bfloat16()
+    w = (torch.randn(V_REC, 768, generator=g, device="cuda") * 0.02).requires_grad_()
+    t = torch.randint(0, 50257, (4096,), generator=g, device="cuda")
+
+    def head(x, w, t, impl):
+        return softcap_cross_entropy(head_matmul(x, w, use_fp8), t, 30.0, "sigmoid", impl=impl) / 8
+
+    x1 = x.clone().requires_grad_()
+    got = torch.compile(head, fullgraph=True)(x1, w, t, "triton")
+    gx, gw = torch.autograd.grad(got, (x1, w))
+    x2 = x.clone().requires_grad_()
+    ref = head(x2, w, t, "torch")
+    rx, rw = torch.autograd.grad(ref, (x2, w))
+    rel = lambda a, b: ((a.float() - b.float()).norm() / b.float().norm()).item()
+    assert abs(got.item() - ref.item()) / abs(ref.item()) < LOSS_RTOL
+    # the bfloat16 gradients of z differ by rare one-ulp flips (~4e-3 relative after a bf16 matmul on
+    # the CPU); FP8's e5m2 cast of that gradient can turn a flip into a whole e5m2 step, hence 3e-2.
+    tol = 3e-2 if use_fp8 else 1e-2
+    assert rel(gx, rx) < tol and rel(gw, rw) < tol, (rel(gx, rx), rel(gw, rw))
+
+
+@pytest.mark.gpu
+def test_gpu_timing_print(cuda):
+    """Forward + backward of the loss at one micro-step: compiled reference vs fused kernel (printed)."""
+    pytest.importorskip("triton")
+    z, t = _record_inputs()
+    z.requires_grad_()
+    ref = torch.compile(lambda z, t: reference_cross_entropy(z, t, 30.0, "sigmoid"), fullgraph=True)
+    fused = lambda z, t: softcap_cross_entropy(z, t, 30.0, "sigmoid", impl="triton")
+
+    def run(fn, forward_only=False):
+        if forward_only:
+            with torch.no_grad():
+                return fn(z.detach(), t)
+        return torch.autograd.grad(fn(z, t) * 0.125, z)
+
+    def timed(fn, **kw):
+        for _ in range(3):
+            run(fn, **kw)
+        ms = []
+        for _ in range(10):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            run(fn, **kw)
+            b.record()
+            torch.cuda.synchronize()
+            ms.append(a.elapsed_time(b))
+        return sorted(ms)[len(ms) // 2]
+
+    rows = [("reference, compiled", timed(ref)), ("fused kernel", timed(fused)),
+            ("fused kernel, forward only (no gradient)", timed(fused, forward_only=True))]
+    print(f"\nsoft-capped CE, fwd+bwd of one ({N_REC}, {V_REC}) bf16 micro-step, median of 10:")
+    for name, ms in rows:
+        print(f"  {name:42s} {ms:7.2f} ms")
