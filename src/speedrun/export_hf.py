@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 from importlib import resources
 from pathlib import Path
 

@@ -313,7 +313,10 @@ class GPT(nn.Module):
 
     def forward(self, tokens: Tensor, targets: Tensor, long_blocks: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
         """Cross-entropy: summed over tokens in training, mean in evaluation."""
-        x = self.hidden(tokens, long_blocks, dtype)[0]
+        return self.head_loss(self.hidden(tokens, long_blocks, dtype)[0], targets)
+
+    def head_loss(self, x: Tensor, targets: Tensor) -> Tensor:
+        """The head and the loss on final hidden states (T, dim)."""
         if not self.training:
             return self.eval_loss(x, targets)
         z = head_matmul(x, self.head_weight, self.use_fp8)

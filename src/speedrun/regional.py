@@ -25,18 +25,13 @@ checkpoints and forward hooks are unchanged.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from speedrun.fp8 import head_matmul
 
 
 def _head_loss(model: nn.Module, x: Tensor, targets: Tensor) -> Tensor:
-    """The tail of `GPT.forward` (after `hidden`): the same calls, in one compiled region."""
-    if not model.training:
-        return model.eval_loss(x, targets)
-    logits = model.softcap(head_matmul(x, model.head_weight, model.use_fp8))
-    return F.cross_entropy(logits, targets, reduction="sum")
+    """The tail of `GPT.forward` (after `hidden`), in one compiled region."""
+    return model.head_loss(x, targets)
 
 
 def raise_recompile_limit(n: int) -> None:
