@@ -10,8 +10,7 @@ import torch.nn.functional as F
 from speedrun import hellaswag
 from speedrun.checkpoint import save_model_files
 from speedrun.cli import main
-from speedrun.model import GPT
-from speedrun.presets import demo
+from model_helpers import random_tiny_model as tiny_model
 from speedrun.tokenizer import EOT, encode
 
 CTXS = [
@@ -34,19 +33,6 @@ def real_format_items(labels):
                     "endings": ENDINGS[i % 4:] + ENDINGS[: i % 4], "source_id": f"activitynet~v_{i}",
                     "label": label})
     return out
-
-
-def tiny_model(seed=0):
-    cfg = demo()
-    m = cfg.model
-    m.model_dim, m.num_heads, m.head_dim, m.num_layers, m.value_embeds, m.mlp_hidden = 64, 2, 32, 4, 2, 128
-    m.long_layers, m.no_attn_layers = (0, 3), (2,)
-    torch.manual_seed(seed)
-    model = GPT(cfg.model, cfg.attention)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.add_(torch.randn_like(p) * (0.2 if name == "scalars" else 0.3 / p.shape[-1] ** 0.5 * 3))
-    return model.eval(), cfg
 
 
 def direct_losses(model, ctx, ending):

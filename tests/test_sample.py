@@ -6,26 +6,8 @@ import torch
 from speedrun.attention import EOT, dense_mask
 from speedrun.checkpoint import save_model_files
 from speedrun.cli import main
-from speedrun.model import GPT
-from speedrun.presets import demo
+from model_helpers import random_tiny_model as tiny_model
 from speedrun.sample import KVCache, generate, generate_text, window_mask
-
-
-def tiny_model(seed=0, **fields):
-    """Random 4-layer model: long/short windows, a no-attention layer, value embeds, U-net."""
-    cfg = demo()
-    m = cfg.model
-    for k, v in fields.items():
-        setattr(m, k, v)
-    m.model_dim, m.num_heads, m.head_dim, m.num_layers, m.mlp_hidden = 64, 2, 32, 4, 128
-    m.value_embeds = fields.get("value_embeds", 2)
-    m.long_layers, m.no_attn_layers = (0, 3), (2,)
-    torch.manual_seed(seed)
-    model = GPT(cfg.model, cfg.attention)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.add_(torch.randn_like(p) * (0.2 if name == "scalars" else 0.3 / p.shape[-1] ** 0.5 * 3))
-    return model.eval(), cfg
 
 
 @pytest.mark.parametrize("density", [0.0, 0.01, 0.05, 0.3])

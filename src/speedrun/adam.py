@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from speedrun.muon import Collectives, Pending, done
+from speedrun.muon import Collectives, Pending, ShardedOptimizer, done
 
 
 @dataclass
@@ -60,7 +60,7 @@ def adam_update(p: Tensor, g: Tensor, state: dict, group: dict) -> None:
     p.addcdiv_(exp_avg, denom, value=-step_size)
 
 
-class DistAdam(torch.optim.Optimizer):
+class DistAdam(ShardedOptimizer):
     """Adam with ZeRO-1 sharding over dim 0 (plain Adam in one process).
 
     Args:
@@ -80,7 +80,6 @@ class DistAdam(torch.optim.Optimizer):
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
         super().__init__(params, defaults)
         self.comm = Collectives(process_group)
-        self._reductions: list[_Reduction] | None = None
 
     def add_param_group(self, param_group: dict) -> None:
         super().add_param_group(param_group)
@@ -99,18 +98,15 @@ class DistAdam(torch.optim.Optimizer):
             return _Reduction(p, group, True, self.comm.reduce_scatter_avg(g.contiguous()))
         return _Reduction(p, group, False, self.comm.all_reduce_avg(g))
 
-    @torch.no_grad()
-    def launch_reduce(self) -> None:
-        """Issue every gradient's reduce-scatter / all-reduce (async). Idempotent until the next step()."""
-        if self._reductions is not None:
-            return
-        self._reductions = [
+    def _launch(self) -> list[_Reduction]:
+        """Every gradient's reduce-scatter / all-reduce, issued (async)."""
+        return [
             self._reduce(p, group)
             for group in self.param_groups for p in group["params"]
             if p.grad is not None or self.comm.active
         ]
 
-    def _step_one(self, red: _Reduction) -> Pending | None:
+    def _step_unit(self, red: _Reduction) -> Pending | None:
         g = red.grad.wait()
         p = red.param.detach()
         if not red.sharded:
@@ -120,18 +116,3 @@ class DistAdam(torch.optim.Optimizer):
         mine = p[self.comm.rank * rows:(self.comm.rank + 1) * rows]
         adam_update(mine, g, self.state[red.param], red.group)
         return self.comm.all_gather(p, mine)
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        """One Adam step: launch the reductions if not done, update, all-gather."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        self.launch_reduce()
-        reductions, self._reductions = self._reductions, None
-        gathers = [self._step_one(r) for r in reductions]
-        for g in gathers:
-            if g is not None:
-                g.wait()
-        return loss

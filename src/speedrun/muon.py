@@ -145,7 +145,46 @@ class _Bucket:
     reduced: Pending  # → this rank's averaged, stacked gradients (owned rows first)
 
 
-class Muon(torch.optim.Optimizer):
+class ShardedOptimizer(torch.optim.Optimizer):
+    """The step protocol Muon and DistAdam share.
+
+    `launch_reduce()` issues this step's gradient collectives (asynchronous,
+    idempotent until the next step; the loop may call it right after
+    backward). `step()` then takes each unit as its reduction lands, updates
+    what this rank owns, starts the unit's all-gather, and finally waits for
+    the gathers. Subclasses say what a unit is (`_launch`) and how one is
+    updated (`_step_unit`).
+    """
+
+    _pending: list | None = None
+
+    def _launch(self) -> list:
+        raise NotImplementedError
+
+    def _step_unit(self, unit) -> Pending | None:
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def launch_reduce(self) -> None:
+        if self._pending is None:
+            self._pending = self._launch()
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self.launch_reduce()
+        units, self._pending = self._pending, None
+        gathers = [self._step_unit(u) for u in units]
+        for g in gathers:
+            if g is not None:
+                g.wait()
+        return loss
+
+
+class Muon(ShardedOptimizer):
     """Muon with shape-batched Newton–Schulz and owner-sharded distribution.
 
     Args:
@@ -167,7 +206,6 @@ class Muon(torch.optim.Optimizer):
         super().__init__(params, defaults)
         self.ns_impl = ns_impl
         self.comm = Collectives(process_group)
-        self._buckets: list[_Bucket] | None = None
 
     def add_param_group(self, param_group: dict) -> None:
         super().add_param_group(param_group)
@@ -196,13 +234,10 @@ class Muon(torch.optim.Optimizer):
         full = torch.stack([grads[i] if i >= 0 else pad for i in order])
         return self.comm.reduce_scatter_avg(full)
 
-    @torch.no_grad()
-    def launch_reduce(self) -> None:
-        """Issue every bucket's gradient reduce-scatter (async). Idempotent until the next step()."""
-        if self._buckets is not None:
-            return
-        self._buckets = [_Bucket(group, params, self._reduce(params))
-                         for group in self.param_groups for params in self._shape_buckets(group)]
+    def _launch(self) -> list[_Bucket]:
+        """Every shape bucket, its gradient reduce-scatter issued (async)."""
+        return [_Bucket(group, params, self._reduce(params))
+                for group in self.param_groups for params in self._shape_buckets(group)]
 
     # -- update ------------------------------------------------------------
 
@@ -218,7 +253,7 @@ class Muon(torch.optim.Optimizer):
         torch._foreach_lerp_(bufs, list(grads.unbind(0)), 1 - mu)
         return grads.lerp_(torch.stack(bufs), mu)
 
-    def _step_bucket(self, bucket: _Bucket) -> Pending | None:
+    def _step_unit(self, bucket: _Bucket) -> Pending | None:
         """Wait for this bucket's gradients, update the owned parameters, start the all-gather."""
         group, params = bucket.group, bucket.params
         owned = params[self.comm.rank::self.comm.world_size]
@@ -260,18 +295,3 @@ class Muon(torch.optim.Optimizer):
             return out
 
         return Pending(None, finish)
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        """One Muon step: launch the reduce if not done, update owned params, all-gather."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        self.launch_reduce()
-        buckets, self._buckets = self._buckets, None
-        gathers = [self._step_bucket(b) for b in buckets]
-        for g in gathers:
-            if g is not None:
-                g.wait()
-        return loss

@@ -7,7 +7,7 @@ safetensors file is the native state dict) and the same operations in the
 same order (logits match the native model to float32 rounding). Every
 `ModelConfig` option the presets use is honoured: RMS or LayerNorm, rotary
 (half-truncated or full) or learned positions, value embeddings, U-net skips,
-x0 lambdas, the attention gate, sigmoid or tanh soft-cap, layers without
+x0 lambdas, the value residual, the attention gate, sigmoid or tanh soft-cap, layers without
 attention, biases, a tied head, long and short windows.
 
 The mask is the document-causal block-sliding-window rule of speedrun's

@@ -1,0 +1,27 @@
+"""A small random model shared by the inference-side tests (sampling, HellaSwag)."""
+
+import torch
+
+from speedrun.model import GPT
+from speedrun.presets import demo
+
+
+def random_tiny_model(seed=0, **fields):
+    """Random 4-layer model: long/short windows, a no-attention layer, value embeds, U-net.
+
+    `fields` override ModelConfig fields (e.g. value_embeds=0, value_residual=True).
+    Every weight is perturbed, so no zero-initialised projection hides a path.
+    """
+    cfg = demo()
+    m = cfg.model
+    m.model_dim, m.num_heads, m.head_dim, m.num_layers, m.mlp_hidden = 64, 2, 32, 4, 128
+    m.value_embeds = 2
+    m.long_layers, m.no_attn_layers = (0, 3), (2,)
+    for k, v in fields.items():
+        setattr(m, k, v)
+    torch.manual_seed(seed)
+    model = GPT(cfg.model, cfg.attention)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.add_(torch.randn_like(p) * (0.2 if name == "scalars" else 0.3 / p.shape[-1] ** 0.5 * 3))
+    return model.eval(), cfg
