@@ -107,6 +107,7 @@ def test_bench_cpu_tiny(tmp_path, capsys):
     assert np.isfinite(r["last_loss"])
     assert r["comm"]["world_size"] == 1 and r["comm"]["collectives"] == []
     assert len(r["profile"]["top"]) > 0 and prof.read_text().startswith("speedrun bench --profile")
+    assert Path(str(prof) + ".trace.json.gz").exists()
 
 
 def test_plan_collectives_two_ranks():

@@ -4,7 +4,7 @@
 # its schedules scaled to that many steps (--steps), val loss on 2,097,152
 # tokens about four times per run. As many runs at once as there are GPUs
 # (one per GPU, CUDA_VISIBLE_DEVICES); then a table of the results.
-# usage: bash scripts/device/ladder.sh [RUNG ...]   (default: eight rungs, baseline to record)
+# usage: [GPUS="0 1"] bash scripts/device/ladder.sh [RUNG ...]   (default: eight rungs, baseline to record)
 # Each run takes ~3-4 min on an H200, so on 2 GPUs eight rungs take ~15 min:
 # give it four rungs per call to stay under a 10-minute command limit.
 set -u
@@ -13,7 +13,7 @@ rungs=("$@")
 [ ${#rungs[@]} -gt 0 ] || rungs=(llmc_baseline muon modern_arch value_skips flex_attention value_embeds long_short record)
 unpack_proxy
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$RES/gpus.csv"
-ngpu=$(nvidia-smi -L | wc -l); [ "$ngpu" -ge 1 ] || ngpu=1
+gpus=(${GPUS:-$(seq 0 $(( $(nvidia-smi -L | wc -l) - 1 )))}); ngpu=${#gpus[@]}; [ "$ngpu" -ge 1 ] || { gpus=(0); ngpu=1; }
 run_one() {  # run_one GPU RUNG
   local g=$1 name=$2 steps every
   steps=$(python3 -m speedrun ladder --proxy-steps "$name") || return 1
@@ -26,7 +26,7 @@ run_one() {  # run_one GPU RUNG
 }
 i=0
 for name in "${rungs[@]}"; do
-  run_one $((i % ngpu)) "$name" &
+  run_one "${gpus[$((i % ngpu))]}" "$name" &
   i=$((i + 1))
   if [ $((i % ngpu)) -eq 0 ]; then wait; fi
 done

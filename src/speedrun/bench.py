@@ -336,7 +336,8 @@ class Session:
 
 
 def profile_steps(session: Session, n: int, progress: float | None, path: Path | None) -> dict:
-    """Top 15 kernels by device time (CPU time on a CPU) over n steps; the table goes to `path`."""
+    """Top 15 kernels by device time (CPU time on a CPU) over n steps. `path` gets the
+    profiler's table (top 80) and, beside it, `<path>.trace.json.gz`, the Chrome trace."""
     from torch.profiler import ProfilerActivity, profile
 
     cuda = session.device.type == "cuda"
@@ -353,10 +354,11 @@ def profile_steps(session: Session, n: int, progress: float | None, path: Path |
     top = [{"name": e.key, "calls": e.count, "total_ms": getattr(e, key) / 1000,
             "ms_per_step": getattr(e, key) / 1000 / n, "percent": 100 * getattr(e, key) / total}
            for e in events[:15]]
-    table = prof.key_averages().table(sort_by=key, row_limit=15, max_name_column_width=60)
     if path is not None and session.is_main:
+        table = prof.key_averages().table(sort_by=key, row_limit=80, max_name_column_width=100)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(f"speedrun bench --profile: {n} step(s), sorted by {key}\n\n{table}\n")
+        prof.export_chrome_trace(str(path) + ".trace.json.gz")
     return {"steps": n, "sorted_by": key, "file": str(path) if path else None, "top": top}
 
 

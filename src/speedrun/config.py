@@ -51,9 +51,10 @@ class ModelConfig:
     bf16_embeds: bool = True  # embeddings stored in bfloat16 when activations are bfloat16
     bias: bool = False  # biases in linear layers (llm.c GPT-2)
     value_residual: bool = False  # 2024-11 ladder rungs: layers >= 1 mix layer 0's V into theirs (the attention lambdas)
-    # Training loss kernel: "torch" | "triton" (fused soft-capped cross-entropy, softcap_ce.py) | "auto"
-    # (triton on CUDA when installed). Same math, implementation choice; torch until measured on the GPU.
-    ce_kernel: str = "torch"
+    # Training loss kernel: "torch" | "triton" (fused soft-capped cross-entropy, softcap_ce.py; with the
+    # FP8 head, one fused head op, head.py) | "auto" (triton on CUDA when installed, else torch).
+    # Same math, an implementation choice; `torch` is the reference the tests hold the kernel to.
+    ce_kernel: str = "auto"
 
     @property
     def padded_vocab(self) -> int:

@@ -46,7 +46,14 @@ def _forward_impl(x: Tensor, w: Tensor, x_s: float, w_s: float) -> tuple[Tensor,
     return out, x_f8, w_f8
 
 
-def _backward_impl(g: Tensor, x_f8: Tensor, w_f8: Tensor, x_s: float, w_s: float, grad_s: float) -> tuple[Tensor, Tensor]:
+def _backward_impl(
+    g: Tensor, x_f8: Tensor, w_f8: Tensor, x_s: float, w_s: float, grad_s: float, rows: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """grad_x, grad_w of the FP8 product for upstream gradient g, or g * rows[:, None]
+    when `rows` (N,) is given (the fused head's per-row loss gradients, folded
+    into the e5m2 cast so the scaled (N, M) gradient is never written)."""
+    if rows is not None:
+        g = g.float() * rows.float().unsqueeze(1)
     g_f8 = g.div(grad_s).to(torch.float8_e5m2)
     grad_x = torch._scaled_mm(
         g_f8, w_f8.T.contiguous().T, out_dtype=torch.bfloat16,
@@ -60,18 +67,23 @@ def _backward_impl(g: Tensor, x_f8: Tensor, w_f8: Tensor, x_s: float, w_s: float
 
 
 @functools.lru_cache(maxsize=None)
-def _compiled(fn):
-    """The op bodies compiled on their own: scaling, casting and the transposed
-    copies of the (tokens x vocabulary) gradient fuse into a few passes instead
-    of eager PyTorch's many full-size temporaries (measured: 25.7 ms of the
-    backward per 49,152-token micro-step in eager)."""
+def _compile(fn):
     return torch.compile(fn, dynamic=False)
+
+
+def _compiled(fn, t: Tensor):
+    """fn, compiled on its own when t is on a GPU: scaling, casting and the
+    transposed copies of the (tokens x vocabulary) gradient fuse into a few
+    passes instead of eager PyTorch's many full-size temporaries (measured:
+    25.7 ms of the backward per 49,152-token micro-step in eager). On a CPU
+    (tests only: FP8 is never chosen there) fn runs eagerly."""
+    return _compile(fn) if t.is_cuda else fn
 
 
 @torch.library.custom_op("speedrun::fp8_mm", mutates_args=())
 def fp8_mm(x: Tensor, w: Tensor, x_s: float, w_s: float, grad_s: float) -> tuple[Tensor, Tensor, Tensor]:
     """x (N, K) @ w (M, K)^T in FP8; also returns the FP8 operands for backward."""
-    return _compiled(_forward_impl)(x, w, x_s, w_s)
+    return _compiled(_forward_impl, x)(x, w, x_s, w_s)
 
 
 @fp8_mm.register_fake
@@ -82,7 +94,7 @@ def _(x, w, x_s, w_s, grad_s):
 
 @torch.library.custom_op("speedrun::fp8_mm_backward", mutates_args=())
 def fp8_mm_backward(g: Tensor, x_f8: Tensor, w_f8: Tensor, x_s: float, w_s: float, grad_s: float) -> tuple[Tensor, Tensor]:
-    return _compiled(_backward_impl)(g.contiguous(), x_f8, w_f8, x_s, w_s, grad_s)
+    return _compiled(_backward_impl, g)(g.contiguous(), x_f8, w_f8, x_s, w_s, grad_s)
 
 
 @fp8_mm_backward.register_fake

@@ -11,7 +11,8 @@ ladder (GELU, learned positions, LayerNorm, tied head, ...).
 The forward pass takes one packed row of tokens (batch dimension 1): the
 attention mask separates documents, so no padding is ever needed. The fast
 paths (FlexAttention, FP8) sit behind `attention.AttentionMasks` and
-`fp8.head_matmul`, each with a plain-PyTorch reference beside it.
+`fp8.head_matmul`/`head.head_loss`, each with a plain-PyTorch reference
+beside it.
 """
 
 from __future__ import annotations
@@ -24,8 +25,7 @@ from torch import Tensor, nn
 
 from speedrun.attention import AttentionMasks, document_ids
 from speedrun.config import AttentionConfig, ModelConfig
-from speedrun.fp8 import head_matmul
-from speedrun.softcap_ce import softcap_cross_entropy
+from speedrun import head as head_ops
 
 
 EVAL_CHUNK = 16384
@@ -319,8 +319,10 @@ class GPT(nn.Module):
         """The head and the loss on final hidden states (T, dim)."""
         if not self.training:
             return self.eval_loss(x, targets)
-        z = head_matmul(x, self.head_weight, self.use_fp8)
-        return softcap_cross_entropy(z, targets, self.cfg.logit_softcap, self.cfg.softcap_form, self.cfg.ce_kernel)
+        cfg = self.cfg
+        return head_ops.head_loss(
+            x, self.head_weight, targets, cfg.logit_softcap, cfg.softcap_form, cfg.ce_kernel, self.use_fp8
+        )
 
     def eval_loss(self, x: Tensor, targets: Tensor, chunk: int = EVAL_CHUNK) -> Tensor:
         """Mean cross-entropy with the head applied in chunks of tokens, so that a

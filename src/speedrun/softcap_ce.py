@@ -45,7 +45,7 @@ SIGMOID_TEMPERATURE = 7.5  # the record's 30*sigmoid(z/7.5)
 IGNORE_INDEX = -100  # F.cross_entropy's default: such rows add 0 to the loss and get a zero gradient
 
 # Does a Triton distribution exist? (looked up, not imported; a constant for Dynamo)
-_TRITON_FOUND = importlib.util.find_spec("triton") is not None
+TRITON_FOUND = importlib.util.find_spec("triton") is not None
 
 # Kernel launch parameters. BLOCK_V: vocabulary columns per inner-loop step
 # (a power of two); 50304 = 24.6 x 2048. Tune on the GPU.
@@ -73,7 +73,7 @@ def reference_cross_entropy(z: Tensor, targets: Tensor, cap: float, form: str) -
 # --------------------------------------------------------------------------- dispatch
 
 
-def _check(form: str, impl: str) -> None:
+def check(form: str, impl: str) -> None:
     if form not in FORMS:
         raise ValueError(f"softcap form must be one of {FORMS}, got {form!r}")
     if impl not in IMPLS:
@@ -83,7 +83,7 @@ def _check(form: str, impl: str) -> None:
 def pick_impl(z: Tensor, impl: str = "auto") -> str:
     """The implementation `softcap_cross_entropy` runs for z: "torch" or "triton"."""
     if impl == "auto":
-        return "triton" if (z.is_cuda and _TRITON_FOUND) else "torch"
+        return "triton" if (z.is_cuda and TRITON_FOUND) else "torch"
     return impl
 
 
@@ -95,10 +95,10 @@ def softcap_cross_entropy(z: Tensor, targets: Tensor, cap: float, form: str, imp
     form = "none" means no soft-cap. impl: "torch" (the reference), "triton"
     (the fused kernel; CUDA, or a CPU under TRITON_INTERPRET=1), "auto".
     """
-    _check(form, impl)
+    check(form, impl)
     if pick_impl(z, impl) == "torch":
         return reference_cross_entropy(z, targets, cap, form)
-    if not _TRITON_FOUND:
+    if not TRITON_FOUND:
         raise RuntimeError("softcap_cross_entropy impl='triton' needs Triton installed")
     form = "none" if not cap else form
     z, targets = z.reshape(-1, z.shape[-1]), targets.reshape(-1)
@@ -203,7 +203,7 @@ def _build_kernel():
     return _KERNEL
 
 
-def _launch(z: Tensor, targets: Tensor, cap: float, form: str, want_grad: bool) -> tuple[Tensor, Tensor]:
+def launch(z: Tensor, targets: Tensor, cap: float, form: str, want_grad: bool) -> tuple[Tensor, Tensor]:
     kernel = _build_kernel()
     if z.stride(-1) != 1:
         z = z.contiguous()
@@ -227,7 +227,7 @@ def _launch(z: Tensor, targets: Tensor, cap: float, form: str, want_grad: bool) 
 @torch.library.custom_op("speedrun::softcap_ce", mutates_args=())
 def softcap_ce(z: Tensor, targets: Tensor, cap: float, form: str, want_grad: bool) -> tuple[Tensor, Tensor]:
     """Per-row losses (N,) float32 and d loss_i / d z (N, V) in z's dtype ((0,) when not want_grad)."""
-    return _launch(z, targets, cap, form, want_grad)
+    return launch(z, targets, cap, form, want_grad)
 
 
 @softcap_ce.register_fake
