@@ -306,3 +306,10 @@ def test_warm_then_run_loads_cache(tmp_path, monkeypatch, capsys):
     rc = main(tiny_args("--steps", "1", "--repeats", "1", "--warmup", "1", "--set", "train.compile=regional"))
     assert rc == 0
     assert f"compile cache: loaded {files[0].stem}" in capsys.readouterr().out
+
+
+def test_sync_count_ignores_the_debug_modes_own_notice():
+    notice = ("Synchronization debug mode is a prototype feature and does not yet detect all "
+              "synchronizing operations (Triggered internally at Module.cpp:1003.)")
+    assert not bench._is_sync_warning(notice)
+    assert bench._is_sync_warning("called a synchronizing CUDA operation (Triggered internally at ...)")

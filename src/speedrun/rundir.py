@@ -35,6 +35,17 @@ def git_commit(start: Path | None = None) -> str | None:
     return out.stdout.strip() or None if out.returncode == 0 else None
 
 
+def git_dirty(start: Path | None = None) -> bool | None:
+    """True when tracked files differ from HEAD (the run's code is not exactly `git_commit`)."""
+    here = start or Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                             capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return bool(out.stdout.strip()) if out.returncode == 0 else None
+
+
 def default_out_dir(preset: str) -> Path:
     return Path("runs") / f"{preset}-{time.strftime('%Y%m%d-%H%M%S')}"
 

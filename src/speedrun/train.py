@@ -30,7 +30,7 @@ from speedrun.errors import ConfigError, SpeedrunError
 from speedrun.fp8 import fp8_supported
 from speedrun.model import GPT, count_parameters
 from speedrun.optimizers import build_optimizers
-from speedrun.rundir import RunDir, default_out_dir, git_commit
+from speedrun.rundir import RunDir, default_out_dir, git_commit, git_dirty
 
 
 def process_start_time() -> float:
@@ -244,7 +244,10 @@ class Trainer:
         from speedrun.env import environment
 
         env = environment()
-        env["git_commit"] = git_commit()
+        from speedrun.compile_cache import source_hash
+
+        env["git_commit"], env["git_dirty"] = git_commit(), git_dirty()
+        env["source_sha256"] = source_hash()  # identifies the code even without git (a copied tree)
         env["run"] = self.describe()
         self.out.write_json("config.json", self.cfg.to_dict())
         self.out.write_json("env.json", env)
