@@ -99,3 +99,13 @@ def test_run_header_identifies_the_code(straight):
     env = json.loads((straight / "env.json").read_text())
     assert env["source_sha256"] == source_hash() and len(env["source_sha256"]) == 64
     assert "git_commit" in env and env["git_dirty"] in (True, False, None)
+
+
+def test_cold_start_is_split_into_phases(straight):
+    """summary.json says where the cold start went; the phases add up to it."""
+    summary = json.loads((straight / "summary.json").read_text())
+    phases = summary["cold_start_phases_s"]
+    expected = {"imports", "model", "compile_cache", "optimizers_data", "first_step", "restore", "start"}
+    assert expected <= set(phases) <= expected | {"warmup_validation"}  # one warm-up step: no "warmup_steps"
+    assert all(v >= 0 for v in phases.values())
+    assert sum(phases.values()) == pytest.approx(summary["cold_start_s"], abs=0.01)

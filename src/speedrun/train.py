@@ -31,6 +31,7 @@ from speedrun.fp8 import fp8_supported
 from speedrun.model import GPT, count_parameters
 from speedrun.optimizers import build_optimizers
 from speedrun.rundir import RunDir, default_out_dir, git_commit, git_dirty
+from speedrun.startup import StartupPhases
 
 
 def process_start_time() -> float:
@@ -192,6 +193,8 @@ class Trainer:
         self.cfg, self.info = cfg, info
         self.t_start = t_start or time.time()
         self.device = info.device
+        self.startup = StartupPhases(self.t_start, self.device)
+        self.startup.mark("imports")  # process start -> here: interpreter, imports, arguments, process group
         self.dtype = pick_dtype(cfg.train.dtype, self.device)
         self.progress = progress and info.is_main
         self.out = RunDir(out, overwrite=overwrite, resume=resume is not None) if info.is_main else None
@@ -203,6 +206,7 @@ class Trainer:
         from speedrun.resilience import RunGuard
 
         self.guard = RunGuard(self, resume)  # checkpoints, resume, health, fault policy, signals
+        self.startup.mark("optimizers_data")
 
     # -------------------------------------------------------------- set-up
 
@@ -214,6 +218,7 @@ class Trainer:
             for m in self.model.modules():
                 if isinstance(m, torch.nn.Embedding):
                     m.to(torch.bfloat16)
+        self.startup.mark("model")
         self.model.attention_backend = pick_backend(cfg.attention.backend, self.device)
         self.model.use_fp8 = cfg.model.fp8_head and fp8_supported(self.device)
         self.compiled = use_compile(cfg.train.compile, self.device)
@@ -222,6 +227,7 @@ class Trainer:
 
         log = print if info.is_main else None
         self.compile_cache = load_for_run(cfg, self.device, info.world_size, log) if self.compiled else "not compiled"
+        self.startup.mark("compile_cache")
         self.step_model = compile_step_model(self.model, cfg.train.compile, self.compiled)  # whole model or regional
         self.optimizers = build_optimizers(self.model, cfg.optim)
         train_files, self.val_file = resolve_data(cfg)
@@ -317,11 +323,14 @@ class Trainer:
         loader_state = self.loader.state_dict()
         for step in range(n):
             self.train_step(step * self.cfg.train.steps // max(n, 1))
+            self.startup.mark("first_step" if step == 0 else "warmup_steps")  # the first one compiles
         if self.val_file is not None:
             self.evaluate(0)
+            self.startup.mark("warmup_validation")  # compiles the evaluation graph
         self.model.load_state_dict(model_state)
         self.optimizers = build_optimizers(self.model, self.cfg.optim)
         self.loader.load_state_dict(loader_state)
+        self.startup.mark("restore")
 
     # -------------------------------------------------------------- loop
 
@@ -361,6 +370,7 @@ class Trainer:
                   f"fp8_head={d['fp8_head']}, compile={d['compile']}", flush=True)
         self.warm_up()
         self.guard.start()  # resuming: restore the checkpoint (after warm-up, which resets state)
+        self.startup.mark("resume" if self.guard.resume_dir is not None else "start")
         self.phase = "training"
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -369,7 +379,9 @@ class Trainer:
 
         bar = tqdm(total=t.steps, initial=self.guard.start_step, disable=not self.progress, unit="step",
                    dynamic_ncols=True)
-        cold_start = time.time() - self.t_start
+        cold_start = self.startup.total()
+        if self.info.is_main:
+            print(f"speedrun: cold start {self.startup.describe()}", flush=True)
         clock.start()
         for step in self.guard.steps(t.steps):
             last = step == t.steps
@@ -396,6 +408,7 @@ class Trainer:
             "preset": self.cfg.name, "steps": t.steps, "final_val_loss": val_loss,
             "train_time_ms": clock.elapsed * 1000, "ms_per_step": clock.elapsed * 1000 / t.steps,
             "peak_memory_bytes": peak, "cold_start_s": cold_start,
+            "cold_start_phases_s": self.startup.as_dict(),
             "tokens": t.steps * self.tokens_per_step, **self.describe(),
         }
         if self.out:

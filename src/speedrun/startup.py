@@ -1,0 +1,45 @@
+"""Where a run's cold start goes: named phases from process start to the first timed step.
+
+The speedrun's cold start (process start to the first timed step) is one
+number in summary.json, and a user who wants it smaller needs to know which
+part to attack: Python imports, building the model, loading the compile
+cache, compiling (the first warm-up step), the remaining warm-up steps, the
+warm-up validation (which compiles the evaluation graph), the restore. Each
+`mark` closes a phase; on a GPU it first waits for the device, so queued
+kernels are charged to the phase that launched them. Marks are only placed
+before the training clock starts, so the waits cost the timed run nothing.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+
+class StartupPhases:
+    """Consecutive phases since `t_start` (seconds since the epoch, e.g. process start)."""
+
+    def __init__(self, t_start: float, device: torch.device | None = None):
+        self.t_start = self._last = t_start
+        self.device = device
+        self.phases: dict[str, float] = {}
+
+    def mark(self, name: str) -> None:
+        """End the phase `name` now (a repeated name adds to it)."""
+        if self.device is not None and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        now = time.time()
+        self.phases[name] = self.phases.get(name, 0.0) + (now - self._last)
+        self._last = now
+
+    def total(self) -> float:
+        return self._last - self.t_start
+
+    def as_dict(self) -> dict[str, float]:
+        return {name: round(s, 3) for name, s in self.phases.items()}
+
+    def describe(self) -> str:
+        """One line: 'total 35.1 s = imports 3.0 + model 2.1 + ...'."""
+        parts = " + ".join(f"{name} {s:.1f}" for name, s in self.phases.items())
+        return f"{self.total():.1f} s = {parts}"
