@@ -1,8 +1,8 @@
 """Distributed Muon and DistAdam equal a single process on the global batch.
 
-One spawn per world size (2 and 4 gloo processes on CPU) runs every check;
-each rank gets its own gradient, the single-process reference gets their
-average. The parameter set covers: a Muon shape group whose count is not a
+One spawn per world size (2, 4 and 8 gloo processes on CPU; 8 is the
+record's machine) runs every check; each rank gets its own gradient, the
+single-process reference gets their average. The parameter set covers: a Muon shape group whose count is not a
 multiple of W, a group smaller than W (some ranks own nothing), a (4, m, m)
 parameter, Adam parameters with dim 0 divisible by W (sharded), not
 divisible (all-reduce fallback) and a 0-d scalar. Three steps with changing
@@ -140,7 +140,7 @@ def check(results, ref):
                 torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=f"{key} {tuple(a.shape)}")
 
 
-@pytest.fixture(scope="module", params=[2, 4])
+@pytest.fixture(scope="module", params=[2, 4, 8])
 def gloo_results(request, tmp_path_factory):
     return request.param, spawn_run(tmp_path_factory, request.param)
 

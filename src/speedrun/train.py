@@ -295,7 +295,9 @@ class Trainer:
             opt.step()
         for opt in self.optimizers:
             opt.zero_grad(set_to_none=True)
-        mean = total / (len(batches) * self.cfg.train.seq_len)
+        # the mean over the global batch (every rank's micro-steps): what the log, the spike detector
+        # and every rank's fault policy see; an all-reduce on the device, no host synchronisation
+        mean = all_reduce_mean(total / (len(batches) * self.cfg.train.seq_len))
         self.guard.after_update(step, mean)
         return mean
 
