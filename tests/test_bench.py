@@ -313,3 +313,24 @@ def test_sync_count_ignores_the_debug_modes_own_notice():
               "synchronizing operations (Triggered internally at Module.cpp:1003.)")
     assert not bench._is_sync_warning(notice)
     assert bench._is_sync_warning("called a synchronizing CUDA operation (Triggered internally at ...)")
+
+
+def test_random_data_is_capped_and_the_loader_wraps(tmp_path):
+    """A long bench (the 1695-step schedule) writes at most RANDOM_DATA_MAX_STEPS steps of
+    random tokens per rank; the loader then wraps around, which does not change a step's time."""
+    from speedrun.loader import TrainLoader
+    from speedrun.shards import read_shard
+
+    cfg = apply_overrides(get_preset("demo"), TINY)
+    bench.write_random_data(tmp_path / "a", cfg, 1695, world_size=1)
+    bench.write_random_data(tmp_path / "b", cfg, bench.RANDOM_DATA_MAX_STEPS, world_size=1)
+    size = lambda d: sum(len(read_shard(f)) for f in sorted(d.glob("bench_train_*.bin")))
+    assert size(tmp_path / "a") == size(tmp_path / "b")
+    files = sorted((tmp_path / "a").glob("bench_train_*.bin"))
+    t = cfg.train
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with TrainLoader(files, t.seq_len, t.batch_seqs, 0, 1, torch.device("cpu")) as loader:
+            for _ in range(bench.RANDOM_DATA_MAX_STEPS + 8):
+                loader.next_step()
+    assert any("wrapped around" in str(w.message) for w in caught)

@@ -161,11 +161,16 @@ def random_tokens(n: int, seed: int = 0, doc_len: int = DOC_LEN, vocab: int = EO
     return tokens
 
 
+RANDOM_DATA_MAX_STEPS = 64  # beyond this the loader wraps around: random tokens need not be fresh to time a step
+
+
 def write_random_data(folder: Path, cfg: RunConfig, steps: int, world_size: int, seed: int = 0) -> None:
-    """Training shards for `steps` steps and one validation row per rank, in `folder`."""
+    """Training shards for `steps` steps (at most RANDOM_DATA_MAX_STEPS: a 1695-step
+    bench would otherwise write 1.3 GB per rank) and one validation row per rank."""
     from speedrun.shards import write_shard
 
     t = cfg.train
+    steps = min(steps, RANDOM_DATA_MAX_STEPS)
     per_seq = t.seq_len + (2 * DOC_LEN if t.bos_align else 0) + 1
     need = (steps + 2) * t.batch_seqs * per_seq + 4 * t.batch_seqs * t.seq_len
     i = 0
