@@ -24,6 +24,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from speedrun.adam import DistAdam
+from speedrun.dist import shutdown
 from speedrun.muon import Collectives, Muon
 
 MUON_SHAPES = [(16, 32)] * 3 + [(4, 16, 16)] + [(32, 16)] + [(24, 24)] * 4 + [(6, 12)] * 2
@@ -105,8 +106,9 @@ def _worker(rank, world_size, backend, init_file, out_dir):
         result = run_all(lambda s, i, shape: _grad(s, rank, i, shape), device)
         result["probe"] = collectives_probe(rank, world_size, device)
         torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+        shutdown(clean=True)
     finally:
-        dist.destroy_process_group()
+        shutdown()
 
 
 def spawn_run(tmp_path_factory, world_size, backend="gloo"):

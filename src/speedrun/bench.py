@@ -722,8 +722,10 @@ def _env_summary(env: dict) -> dict:
 def cmd_bench(args) -> int:
     from speedrun.dist import shutdown
 
+    finished = False
     try:
         result = run_bench(args)
+        finished = True
         if dist.is_available() and dist.is_initialized() and dist.get_rank() != 0:
             return 0
         print(format_report(result), flush=True)
@@ -736,7 +738,7 @@ def cmd_bench(args) -> int:
             print(f"bench: wrote {path}")
         return 0
     finally:
-        shutdown()
+        shutdown(clean=finished)
 
 
 def run_warm(args) -> dict:
@@ -776,8 +778,10 @@ def cmd_warm(args) -> int:
     if not compile_cache.available():
         print("speedrun warm: this torch has no torch.compiler.save_cache_artifacts; nothing to do", file=sys.stderr)
         return 1
+    finished = False
     try:
         r = run_warm(args)
+        finished = True
         if r["path"]:
             print(f"compile cache: saved {r['key']} ({_fmt_bytes(r['bytes'])}) -> {r['path']}  "
                   f"[first step {_fmt(r['first_step_s'])} s, warm-up {r['warmup_s']:.1f} s]")
@@ -787,7 +791,7 @@ def cmd_warm(args) -> int:
             print(f"compile cache: nothing to save for {r['key']} (torch recorded no artifacts)")
         return 0
     finally:
-        shutdown()
+        shutdown(clean=finished)
 
 
 def _common(p: argparse.ArgumentParser) -> None:

@@ -7,6 +7,7 @@ process. NCCL on CUDA, gloo on CPU (the CPU tests use gloo).
 
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
 
@@ -51,6 +52,16 @@ def all_reduce_mean(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def shutdown() -> None:
+def shutdown(clean: bool = False) -> None:
+    """Tear the process group down. `clean`: this rank finished without an error,
+    as every rank then has: meet at a barrier first, so that no rank closes its
+    connections while a peer is still finishing its last collective, and free
+    unreachable collective handles (gloo's asynchronous work objects) while the
+    interpreter is fully alive: both races can end a finished gloo run with
+    SIGABRT ("terminate called without an active exception") at exit. After an
+    error a barrier could wait forever for a rank that is gone, so none is made."""
     if dist.is_initialized():
+        if clean:
+            dist.barrier()
+        gc.collect()
         dist.destroy_process_group()

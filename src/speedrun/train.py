@@ -90,7 +90,7 @@ def cli_train(args: argparse.Namespace) -> int:
     t_start = process_start_time()
     cfg = resolve_config(args)
     info = init_distributed()
-    trainer = None
+    trainer, finished = None, False
     try:
         validate(cfg, info.world_size)
         if args.resume and args.out and Path(args.out).resolve() != Path(args.resume).resolve():
@@ -103,6 +103,7 @@ def cli_train(args: argparse.Namespace) -> int:
 
             trainer.tb = tensorboard_writer(out) if info.is_main else None
         trainer.run()
+        finished = True
     except torch.cuda.OutOfMemoryError:
         from speedrun.faults import out_of_memory
 
@@ -110,7 +111,7 @@ def cli_train(args: argparse.Namespace) -> int:
     finally:
         if getattr(trainer, "guard", None) is not None:
             trainer.guard.close()
-        shutdown()
+        shutdown(clean=finished)
     return 0
 
 
