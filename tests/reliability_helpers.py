@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -55,3 +59,18 @@ def curves(run: Path) -> tuple[dict, dict]:
 
 def events(run: Path, kind: str) -> list[dict]:
     return [r for r in records(run) if r.get("event") == kind]
+
+
+def torchrun(nproc: int, *args: str, timeout: float = 400) -> subprocess.CompletedProcess:
+    """`torchrun --standalone --nproc_per_node=nproc -m speedrun.train ARGS` with gloo on the CPU (one
+    intra-op thread each); on a timeout the whole process group (torchrun and its workers) is ended."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           "-m", "speedrun.train", *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)

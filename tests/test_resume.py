@@ -8,15 +8,10 @@ exit 4) resumed from the older checkpoint, whose later metrics are dropped.
 """
 
 import json
-import os
-import signal
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-from reliability_helpers import curves, events, records, resume, train
+from reliability_helpers import curves, events, records, resume, torchrun, train
 
 COMMON = ["--checkpoint-every", "3", "--set", "train.health_every=2", "--set", "train.warmup_steps=1"]
 
@@ -56,20 +51,6 @@ def test_sigint_exits_130_and_resumes(tmp_path):
     assert json.loads((run / "summary.json").read_text())["steps"] == 3
 
 
-def _torchrun(*args: str) -> subprocess.CompletedProcess:
-    """2 gloo processes; on a timeout the whole process group (torchrun and its workers) is ended."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           "-m", "speedrun.train", *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            env=dict(os.environ, OMP_NUM_THREADS="1"))
-    try:
-        out, err = proc.communicate(timeout=240)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
-
-
 @pytest.mark.distributed
 def test_two_process_gloo_resume_is_exact(tmp_path):
     """torchrun, 2 CPU processes: each rank writes its optimiser shard; a crash, then resume, matches."""
@@ -77,16 +58,16 @@ def test_two_process_gloo_resume_is_exact(tmp_path):
 
     a, b = tmp_path / "a", tmp_path / "b"
     common = ["--steps", "6", *TINY, *COMMON]
-    done = _torchrun("--out", str(a), *common)
+    done = torchrun(2, "--out", str(a), *common)
     assert done.returncode == 0, done.stderr[-2000:]
-    crashed = _torchrun("--out", str(b), *common, "--set", "train.inject_fault=oom@4")
+    crashed = torchrun(2, "--out", str(b), *common, "--set", "train.inject_fault=oom@4")
     assert crashed.returncode != 0 and "out of memory" in crashed.stderr
     ckpt = b / "checkpoints" / (b / "checkpoints" / "latest").read_text().strip()
     # step 3's checkpoint is normally committed before the crash at step 4; under heavy load torchrun
     # may end rank 0 while that write is still in flight, and then step 2's is the latest (never a torn one)
     assert ckpt.name in ("step_000003", "step_000002")
     assert (ckpt / "rank0.pt").exists() and (ckpt / "rank1.pt").exists()
-    done = _torchrun("--resume", str(b), "--no-progress")
+    done = torchrun(2, "--resume", str(b), "--no-progress")
     assert done.returncode == 0, done.stderr[-2000:]
     assert curves(b) == curves(a)
 

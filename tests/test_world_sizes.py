@@ -9,30 +9,12 @@ order of floating-point sums differs (gradient averaging, loss reduction),
 hence a relative tolerance of 1e-4 instead of equality.
 """
 
-import os
-import signal
-import subprocess
-import sys
-
 import pytest
 
-from reliability_helpers import TINY, curves, train
+from reliability_helpers import TINY, curves, torchrun, train
 
 SETTINGS = ["--steps", "3", *TINY, "--set", "train.batch_seqs=8", "--set", "train.val_tokens=1024",
             "--set", "train.warmup_steps=0"]
-
-
-def _torchrun(nproc: int, *args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           "-m", "speedrun.train", *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            env=dict(os.environ, OMP_NUM_THREADS="1"))
-    try:
-        out, err = proc.communicate(timeout=400)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +28,7 @@ def one_process(tmp_path_factory):
 @pytest.mark.parametrize("world_size", [2, 8])
 def test_world_size_gives_the_same_run(one_process, world_size, tmp_path):
     run = tmp_path / "run"
-    done = _torchrun(world_size, "--out", str(run), *SETTINGS)
+    done = torchrun(world_size, "--out", str(run), *SETTINGS)
     assert done.returncode == 0, done.stderr[-3000:]
     (train_ref, val_ref), (train_w, val_w) = one_process, curves(run)
     assert train_w.keys() == train_ref.keys() and val_w.keys() == val_ref.keys()
