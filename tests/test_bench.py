@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import re
 import warnings
 from pathlib import Path
 
@@ -303,9 +304,24 @@ def test_warm_then_run_loads_cache(tmp_path, monkeypatch, capsys):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a valid file loads without any warning
         assert compile_cache.read_file(files[0]) is not None
-    rc = main(tiny_args("--steps", "1", "--repeats", "1", "--warmup", "1", "--set", "train.compile=regional"))
+    rc = main(tiny_args("--steps", "2", "--repeats", "1", "--warmup", "1", "--set", "train.compile=regional"))
     assert rc == 0
-    assert f"compile cache: loaded {files[0].stem}" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"compile cache: loaded {files[0].stem}" in out
+    assert re.search(r"graphs compiled in timed steps\s+0 ", out), out  # warm-up compiled everything
+
+
+def test_compiled_graph_counter_sees_a_recompile():
+    from speedrun.startup import compiled_graphs
+
+    torch._dynamo.reset()
+    f = torch.compile(lambda x: x * 2 + 1, dynamic=False)
+    n0 = compiled_graphs()
+    f(torch.ones(3))
+    f(torch.ones(3))
+    n1 = compiled_graphs()
+    f(torch.ones(5))  # a new static shape: a recompile
+    assert n1 == n0 + 1 and compiled_graphs() == n1 + 1
 
 
 def test_sync_count_ignores_the_debug_modes_own_notice():

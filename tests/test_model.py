@@ -94,3 +94,39 @@ def test_eval_loss_is_chunk_invariant():
         x = model.hidden(tok, torch.tensor(2), torch.float32)[0]
         full = torch.nn.functional.cross_entropy(model.softcap(x @ model.head_weight.T), tgt)
         torch.testing.assert_close(model.eval_loss(x, tgt, chunk=100), full)
+
+
+@pytest.mark.parametrize("kind", ["half_truncated", "full"])
+def test_rotary_table_holds_the_computed_angles(kind):
+    from speedrun.model import Rotary
+
+    rot = Rotary(128, kind)
+    pos = torch.tensor([0, 1, 7, 300, 4095])
+    computed = rot.angles(pos, 4096)  # no table yet: computed from the frequencies
+    rot.build_table(4096)
+    assert rot.cos_table.shape == (4096, 64)
+    tabled = rot.angles(pos, 4096)
+    assert torch.equal(tabled[0], computed[0]) and torch.equal(tabled[1], computed[1])
+    # a position past the table falls back to computing (same values)
+    far = rot.angles(torch.tensor([5000]), 5001)
+    assert torch.equal(far[0], rot.compute(torch.tensor([5000]))[0])
+    if kind == "half_truncated":  # the second half of the frequencies is zero: cos 1, sin 0
+        assert torch.all(tabled[0][:, 32:] == 1) and torch.all(tabled[1][:, 32:] == 0)
+
+
+def test_rotary_table_does_not_change_the_model():
+    cfg = tiny()
+    torch.manual_seed(0)
+    model = GPT(cfg.model, cfg.attention)
+    with torch.no_grad():
+        model.head_w.normal_()
+        for block in model.blocks:
+            if block.attn is not None:
+                block.attn.qkvo_w.normal_(0, 0.2)
+    tok = torch.randint(0, 1000, (256,))
+    before = model(tok, torch.roll(tok, -1), torch.tensor(2))
+    model.rotary.build_table(512)
+    after = model(tok, torch.roll(tok, -1), torch.tensor(2))
+    assert torch.equal(before, after)
+    # and the table is not part of the saved state (checkpoints keep their keys)
+    assert not any("table" in k or "freq" in k for k in model.state_dict())

@@ -600,6 +600,7 @@ def format_report(r: dict) -> str:
         ("set-up / first step / warm-up", f"{r['setup_s']:.1f} s / {_fmt(r['first_step_s'])} s / "
                                            f"{r['warmup_s']:.1f} s ({r['warmup']} steps)"),
         ("compile cache", str(r["compile_cache"])),
+        ("graphs compiled in timed steps", f"{r.get('graphs_compiled_in_timed_steps', '-')}  (0 = no recompiles)"),
         ("last loss", f"{_fmt(r['last_loss'], '.4f')}"),
     ]
     if r.get("host_syncs") is not None:
@@ -661,6 +662,7 @@ def _progress(value: str) -> float | None:
 
 def run_bench(args) -> dict:
     from speedrun.env import environment
+    from speedrun.startup import compiled_graphs
     from speedrun.train import process_start_time
 
     t_start = process_start_time()
@@ -674,7 +676,9 @@ def run_bench(args) -> dict:
         dev = session.device
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats(dev)
+        graphs0 = compiled_graphs()
         groups, loss = session.time_groups(args.steps, args.repeats, args.progress)
+        recompiled = compiled_graphs() - graphs0
         peak = torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None
         reserved = torch.cuda.max_memory_reserved(dev) if dev.type == "cuda" else None
         last_loss = float(loss) if loss is not None else None
@@ -707,6 +711,8 @@ def run_bench(args) -> dict:
             "matmul_peak": peak_mm, "fraction_of_peak": per_dev / peak_mm["flops_per_s"] if per_dev else None,
             "peak_memory_bytes": peak, "peak_reserved_bytes": reserved,
             "setup_s": session.setup_s, "first_step_s": first_s, "warmup_s": warm_s,
+            "graphs_compiled_in_timed_steps": recompiled,
+            "cold_start_phases_s": tr.startup.as_dict(),
             "compile_cache": getattr(tr, "compile_cache", None), "last_loss": last_loss,
             "host_syncs": syncs, "comm": comm, "profile": prof, "env": _env_summary(environment()),
         }

@@ -21,7 +21,10 @@ can make an artifact wrong for this run:
   attention, sequence lengths, dtype, compile mode) and the world size, so
   that two presets warmed on one machine do not overwrite each other.
 
-A stale file is thus never used: it is simply not found. Files are written
+A stale file is thus never used: it is simply not found. The same holds for
+torch's local caches once `key_local_caches()` has run (the trainer calls
+it before compiling): a no-op graph pass whose uuid is the source hash
+enters Inductor's and AOTAutograd's own cache keys. Files are written
 atomically (temporary name, fsync, rename) with a header holding a magic
 string, the payload length and its SHA-256; a truncated or corrupted file is
 ignored with a warning. A torch without these functions degrades to "no
@@ -214,6 +217,55 @@ def load(key: str) -> bool:
                       stacklevel=2)
         return False
     return True
+
+
+class SourceKeyPass:
+    """A post-grad graph pass that does nothing and whose `uuid()` is speedrun's source hash.
+
+    Inductor's FX-graph cache and AOTAutograd's cache hash the uuid of every custom
+    pass into their keys (that is what `uuid()` is for), but not our custom ops'
+    Python bodies or fake kernels. Registered as `post_grad_custom_post_pass`, this
+    makes torch's *local* caches miss after any change to speedrun's sources, as the
+    portable cache file already does. Without it, a graph compiled against an
+    older fake kernel is reused and fails at its first call (seen twice on the GPU
+    when the fused head's op changed its outputs: "wrong number of dimensions ...
+    for op: torch.ops.speedrun.fp8_softcap_ce"). The graph is left unchanged.
+    """
+
+    def __init__(self, key: str):
+        self.key = key
+
+    def __call__(self, graph) -> None:
+        return None
+
+    def uuid(self) -> str:
+        return self.key
+
+
+def key_local_caches(key: str | None = None) -> bool:
+    """Key torch's local compile caches by speedrun's sources (see `SourceKeyPass`).
+
+    Returns False, changing nothing, when a post-grad custom pass of someone
+    else's is already installed (it is left alone) or this torch lacks the hook.
+    """
+    try:
+        from torch._inductor import config as inductor_config
+        from torch._inductor.custom_graph_pass import CustomGraphPass
+    except ImportError:
+        return False
+    current = getattr(inductor_config, "post_grad_custom_post_pass", False)
+    if current is False or (current is not None and not isinstance(current, _source_key_pass_class())):
+        return False
+    inductor_config.post_grad_custom_post_pass = _source_key_pass_class()(key or source_hash())
+    return isinstance(inductor_config.post_grad_custom_post_pass, CustomGraphPass)
+
+
+@lru_cache(maxsize=1)
+def _source_key_pass_class():
+    """`SourceKeyPass` as a subclass of torch's CustomGraphPass (imported lazily: torch._inductor is heavy)."""
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+
+    return type("SourceKeyPass", (SourceKeyPass, CustomGraphPass), {})
 
 
 def load_for_run(cfg, device: torch.device | str, world_size: int = 1, log=print) -> str:

@@ -54,6 +54,18 @@ class Rotary(nn.Module):
     half_truncated: D/4 frequencies (1/1024)^linspace(0, 1, D/4), then D/4
     zeros, so half the dimensions are never rotated. full: the usual
     1/10000^(2i/D). Angles are computed in float32.
+
+    One Rotary serves every layer: `angles(pos)` gives (cos, sin) once per
+    forward and each attention layer applies them (`rotate`). The angles come
+    from a (positions x D/2) table when `build_table` made one long enough
+    (the trainer does, for its sequence lengths), else they are computed from
+    the frequencies; the table holds the same float32 values. Computed in the
+    graph, cos/sin are cheap element-wise producers that Inductor inlines into
+    every consumer, re-evaluated per element and head inside the fused QK-norm
+    + rotary kernels; the table turns that into two loads. Measured on an H200
+    (docs/benchmarks.md, profiles of proxy212): those kernels went from 48.5 to
+    35.5 ms per step; at about 200 us a call they are still ~3x their
+    memory-bound time.
     """
 
     def __init__(self, head_dim: int, kind: str):
@@ -65,10 +77,28 @@ class Rotary(nn.Module):
         else:
             freq = 1.0 / (10000 ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
         self.register_buffer("freq", freq, persistent=False)
+        self.register_buffer("cos_table", torch.empty(0, freq.numel()), persistent=False)
+        self.register_buffer("sin_table", torch.empty(0, freq.numel()), persistent=False)
 
-    def forward(self, x: Tensor, pos: Tensor) -> Tensor:
+    def compute(self, pos: Tensor) -> tuple[Tensor, Tensor]:
         theta = pos.to(torch.float32)[:, None] * self.freq[None, :]
-        cos, sin = theta.cos()[None, :, None, :], theta.sin()[None, :, None, :]
+        return theta.cos(), theta.sin()
+
+    @torch.no_grad()
+    def build_table(self, length: int) -> None:
+        """Precompute the angles of positions 0 .. length-1 (on the module's device)."""
+        if length > self.cos_table.shape[0]:
+            self.cos_table, self.sin_table = self.compute(torch.arange(length, device=self.freq.device))
+
+    def angles(self, pos: Tensor, max_pos: int) -> tuple[Tensor, Tensor]:
+        """(cos, sin), each (T, D/2) float32, for positions pos (T,), all < max_pos."""
+        if max_pos <= self.cos_table.shape[0]:
+            return self.cos_table[pos], self.sin_table[pos]
+        return self.compute(pos)
+
+    @staticmethod
+    def rotate(x: Tensor, angles: tuple[Tensor, Tensor]) -> Tensor:
+        cos, sin = angles[0][None, :, None, :], angles[1][None, :, None, :]
         x1, x2 = x.to(torch.float32).chunk(2, dim=-1)
         y1 = x1 * cos + x2 * sin
         y2 = x1 * (-sin) + x2 * cos
@@ -91,19 +121,18 @@ class Attention(nn.Module):
         self.qkv_b = nn.Parameter(torch.zeros(3 * hdim)) if cfg.bias else None
         self.o_b = nn.Parameter(torch.zeros(cfg.model_dim)) if cfg.bias else None
         self.gate_w = nn.Parameter(torch.zeros(cfg.num_heads, cfg.gate_inputs)) if cfg.attn_gate else None
-        self.rotary = Rotary(cfg.head_dim, cfg.rotary) if cfg.positions == "rotary" else None
         self.scale = cfg.attn_scale or 1.0 / math.sqrt(cfg.head_dim)
 
-    def project(self, x: Tensor, ve: Tensor | None, lambdas: Tensor, pos: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """(B, T, dim) -> q, k, v as (B, T, H, D)."""
+    def project(self, x: Tensor, ve: Tensor | None, lambdas: Tensor, rope) -> tuple[Tensor, Tensor, Tensor]:
+        """(B, T, dim) -> q, k, v as (B, T, H, D); rope: `Rotary.angles` of the positions, or None."""
         B, T = x.shape[:2]
         H, D = self.cfg.num_heads, self.cfg.head_dim
         qkv = _linear(x, self.qkvo_w[:3].flatten(end_dim=1), self.qkv_b)
         q, k, v = qkv.view(B, T, 3 * H, D).chunk(3, dim=-2)
         if self.cfg.qk_norm:
             q, k = rms_norm(q), rms_norm(k)
-        if self.rotary is not None:
-            q, k = self.rotary(q, pos), self.rotary(k, pos)
+        if rope is not None:
+            q, k = Rotary.rotate(q, rope), Rotary.rotate(k, rope)
         if ve is not None:
             v = lambdas[0] * v + lambdas[1] * ve.view_as(v)
         elif self.cfg.value_embeds:
@@ -119,8 +148,8 @@ class Attention(nn.Module):
         y = y.contiguous().view(B, T, -1)
         return _linear(y, self.qkvo_w[3], self.o_b)
 
-    def forward(self, x, ve, lambdas, pos, masks: AttentionMasks, long: bool, keep_v: list | None = None) -> Tensor:
-        q, k, v = self.project(x, ve, lambdas, pos)
+    def forward(self, x, ve, lambdas, rope, masks: AttentionMasks, long: bool, keep_v: list | None = None) -> Tensor:
+        q, k, v = self.project(x, ve, lambdas, rope)
         if keep_v is not None:  # value residual: hand layer 0's V to the later layers
             keep_v.append(v)
         y = masks.attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), long, self.scale)
@@ -151,11 +180,11 @@ class Block(nn.Module):
         self.norm1 = Norm(cfg.model_dim, cfg.norm)
         self.norm2 = Norm(cfg.model_dim, cfg.norm)
 
-    def forward(self, x, x0, ve, block_lambdas, attn_lambdas, pos, masks, long, keep_v=None):
+    def forward(self, x, x0, ve, block_lambdas, attn_lambdas, rope, masks, long, keep_v=None):
         if block_lambdas is not None:
             x = block_lambdas[0] * x + block_lambdas[1] * x0
         if self.attn is not None:
-            x = x + self.attn(self.norm1(x), ve, attn_lambdas, pos, masks, long, keep_v)
+            x = x + self.attn(self.norm1(x), ve, attn_lambdas, rope, masks, long, keep_v)
         return x + self.mlp(self.norm2(x))
 
 
@@ -181,6 +210,7 @@ class GPT(nn.Module):
         self.embed = nn.Embedding(V, d)
         self.value_embeds = nn.ModuleList([nn.Embedding(V, d) for _ in range(cfg.value_embeds)])
         self.pos_embed = nn.Embedding(cfg.max_positions, d) if cfg.positions == "learned" else None
+        self.rotary = Rotary(cfg.head_dim, cfg.rotary) if cfg.positions == "rotary" else None
         self.blocks = nn.ModuleList([Block(cfg, i) for i in range(cfg.num_layers)])
         self.final_norm = Norm(d, cfg.norm)
         self.head_w = None if cfg.tied_head else nn.Parameter(torch.empty(V, d))
@@ -267,6 +297,10 @@ class GPT(nn.Module):
         seg = self.attn_cfg.segment_len
         return pos % seg if seg else pos
 
+    def rope(self, pos: Tensor, max_pos: int):
+        """Rotary angles for positions pos (all < max_pos), shared by every layer; None without rotary."""
+        return None if self.rotary is None else self.rotary.angles(pos, max_pos)
+
     def embed_tokens(self, tokens: Tensor, pos: Tensor, dtype: torch.dtype) -> Tensor:
         x = self.embed(tokens).to(dtype)
         if self.pos_embed is not None:
@@ -288,6 +322,7 @@ class GPT(nn.Module):
         """Final hidden states (1, T, dim) for one packed row of tokens (T,)."""
         pos = self.positions(tokens.numel(), tokens.device)
         masks = self.masks(tokens, long_blocks)
+        rope = self.rope(pos, tokens.numel())
         ve = [emb(tokens).to(dtype)[None] for emb in self.value_embeds]
         x = x0 = self.embed_tokens(tokens, pos, dtype)[None]
         lay = scalar_layout(self.cfg.num_layers)
@@ -301,7 +336,7 @@ class GPT(nn.Module):
             bl = block_l[2 * i : 2 * i + 2] if self.cfg.x0_lambdas else None
             vei = ve[vi] if vi is not None else v_first[0] if v_first else None
             keep = v_first if self.cfg.value_residual and not v_first else None
-            x = block(x, x0, vei, bl, attn_l[2 * i : 2 * i + 2], pos, masks, self.is_long(i), keep)
+            x = block(x, x0, vei, bl, attn_l[2 * i : 2 * i + 2], rope, masks, self.is_long(i), keep)
             if i < n_skip:
                 stack.append(x)
         return self.final_norm(x)

@@ -95,6 +95,7 @@ class KVCache:
         self.tokens = torch.cat([self.tokens, new_tokens])
         docs = self.doc_ids()
         pos = m.positions(new_tokens.numel(), self.device, offset=start)
+        rope = m.rope(pos, start + new_tokens.numel())
         ve = [emb(new_tokens).to(self.dtype)[None] for emb in m.value_embeds]
         x = x0 = m.embed_tokens(new_tokens, pos, self.dtype)[None]
         lay = scalar_layout(cfg.num_layers)
@@ -110,7 +111,7 @@ class KVCache:
                 h = block.norm1(x)
                 vi = m.value_embed_for(i)
                 vei = ve[vi] if vi is not None else v_first
-                q, k, v = block.attn.project(h, vei, attn_l[2 * i: 2 * i + 2], pos)
+                q, k, v = block.attn.project(h, vei, attn_l[2 * i: 2 * i + 2], rope)
                 if cfg.value_residual and v_first is None:
                     v_first = v  # the value residual: later layers mix in the first layer's V
                 y = self._attend(i, q, k, v, start, docs, m.is_long(i))

@@ -43,3 +43,18 @@ class StartupPhases:
         """One line: 'total 35.1 s = imports 3.0 + model 2.1 + ...'."""
         parts = " + ".join(f"{name} {s:.1f}" for name, s in self.phases.items())
         return f"{self.total():.1f} s = {parts}"
+
+
+def compiled_graphs() -> int:
+    """How many graphs Dynamo has compiled in this process so far (its own counter).
+
+    Taken when the training clock starts and again at the end, the difference is
+    the number of recompilations in the timed run, which should be 0: every
+    graph the run needs is compiled during warm-up. A torch without the counter
+    reports 0.
+    """
+    try:
+        from torch._dynamo.utils import counters
+    except ImportError:
+        return 0
+    return int(counters["stats"].get("unique_graphs", 0))

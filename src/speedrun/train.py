@@ -31,7 +31,7 @@ from speedrun.fp8 import fp8_supported
 from speedrun.model import GPT, count_parameters
 from speedrun.optimizers import build_optimizers
 from speedrun.rundir import RunDir, default_out_dir, git_commit, git_dirty
-from speedrun.startup import StartupPhases
+from speedrun.startup import StartupPhases, compiled_graphs
 
 
 def process_start_time() -> float:
@@ -219,14 +219,18 @@ class Trainer:
             for m in self.model.modules():
                 if isinstance(m, torch.nn.Embedding):
                     m.to(torch.bfloat16)
+        if self.model.rotary is not None:  # rotary angles as a table: two loads instead of cos/sin per element
+            self.model.rotary.build_table(max(cfg.train.seq_len, cfg.train.val_seq_len))
         self.startup.mark("model")
         self.model.attention_backend = pick_backend(cfg.attention.backend, self.device)
         self.model.use_fp8 = cfg.model.fp8_head and fp8_supported(self.device)
         self.compiled = use_compile(cfg.train.compile, self.device)
-        from speedrun.compile_cache import load_for_run
+        from speedrun.compile_cache import key_local_caches, load_for_run
         from speedrun.regional import compile_step_model
 
         log = print if info.is_main else None
+        if self.compiled:
+            key_local_caches()  # torch's local caches miss after any change to speedrun's sources
         self.compile_cache = load_for_run(cfg, self.device, info.world_size, log) if self.compiled else "not compiled"
         self.startup.mark("compile_cache")
         self.step_model = compile_step_model(self.model, cfg.train.compile, self.compiled)  # whole model or regional
@@ -383,6 +387,7 @@ class Trainer:
         bar = tqdm(total=t.steps, initial=self.guard.start_step, disable=not self.progress, unit="step",
                    dynamic_ncols=True)
         cold_start = self.startup.total()
+        self._graphs_at_start = compiled_graphs()
         if self.info.is_main:
             print(f"speedrun: cold start {self.startup.describe()}", flush=True)
         clock.start()
@@ -412,6 +417,7 @@ class Trainer:
             "train_time_ms": clock.elapsed * 1000, "ms_per_step": clock.elapsed * 1000 / t.steps,
             "peak_memory_bytes": peak, "cold_start_s": cold_start,
             "cold_start_phases_s": self.startup.as_dict(),
+            "graphs_compiled_in_timed_run": compiled_graphs() - self._graphs_at_start,
             "tokens": t.steps * self.tokens_per_step, **self.describe(),
         }
         if self.out:
@@ -420,6 +426,9 @@ class Trainer:
             save_model_files(self.model, self.cfg, self.out.path)
             self.out.write_json("summary.json", summary)
             self.out.close()
+            if summary["graphs_compiled_in_timed_run"]:
+                print(f"speedrun: warning: {summary['graphs_compiled_in_timed_run']} graph(s) were compiled after "
+                      "warm-up, inside the timed run (TORCH_LOGS=recompiles says why)", flush=True)
             print(f"speedrun: final val_loss {val_loss}, training time {clock.elapsed:.1f}s "
                   f"({summary['ms_per_step']:.1f} ms/step), cold start {cold_start:.1f}s -> {self.out.path}")
         if t.sample_tokens and self.info.is_main:
