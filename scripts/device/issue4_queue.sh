@@ -79,11 +79,7 @@ case "${1:-}" in
     rm -f "$RES"/q0.done "$RES"/q1.done
     "stage_$1" ;;
   wait)
-    end=$(( $(date +%s) + ${2:-540} ))
-    while [ "$(date +%s)" -lt "$end" ] && ! { [ -e "$RES/q0.done" ] && [ -e "$RES/q1.done" ]; }; do sleep 5; done
-    cat "$RES"/q0.log "$RES"/q1.log 2>/dev/null
-    for f in /tmp/runs/*/metrics.jsonl; do [ -f "$f" ] && echo "$f: $(tail -1 "$f" | cut -c1-160)"; done
-    if [ -e "$RES/q0.done" ] && [ -e "$RES/q1.done" ]; then echo "STAGE DONE"; summaries; fi
+    if follow "${2:-540}" "$RES/q0.done $RES/q1.done" "$RES/q0.log $RES/q1.log"; then echo "STAGE DONE"; summaries; fi
     collect ;;
   *) echo "usage: $0 start|warm|two|wait SECONDS"; exit 2 ;;
 esac

@@ -94,11 +94,9 @@ case "${1:-}" in
     queue1 > "$RES/queue1.log" 2>&1 &
     wait ;;
   wait)
-    end=$(( $(date +%s) + ${2:-540} ))
-    while [ "$(date +%s)" -lt "$end" ] && ! { [ -e "$RES/queue0.done" ] && [ -e "$RES/queue1.done" ]; }; do sleep 10; done
-    cat "$RES"/queue0.log "$RES"/queue1.log 2>/dev/null
-    for f in /tmp/runs/*/metrics.jsonl; do [ -f "$f" ] && echo "$f: $(tail -1 "$f" | cut -c1-150)"; done
-    if [ -e "$RES/queue0.done" ] && [ -e "$RES/queue1.done" ]; then echo "QUEUES DONE"; report; fi
+    if follow "${2:-540}" "$RES/queue0.done $RES/queue1.done" "$RES/queue0.log $RES/queue1.log"; then
+      echo "QUEUES DONE"; report
+    fi
     collect ;;
   report) report; collect ;;
   *) echo "usage: $0 start|wait SECONDS|report"; exit 2 ;;
