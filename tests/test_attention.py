@@ -91,3 +91,35 @@ def test_compiled_flex_equals_dense_with_grad_gpu(cuda, seed):
         assert rel < 1e-2, rel
         for g, r in zip(grads, ref_grads):
             assert (g.float() - r).norm() / r.norm() < 2e-2
+
+
+def test_flex_options_parse_and_validate():
+    from speedrun.config import RunConfig, apply_overrides, parse_flex_options, validate
+    from speedrun.errors import ConfigError
+
+    assert parse_flex_options("") == {}
+    assert parse_flex_options("fwd_BLOCK_M=128, bwd_num_warps=4,fwd_USE_TMA=true") == {
+        "fwd_BLOCK_M": 128, "bwd_num_warps": 4, "fwd_USE_TMA": True}
+    for bad in ("fwd_BLOCK_M", "fwd_BLOCK_M=big", "=3", "a b=1"):
+        cfg = apply_overrides(RunConfig(), [f"attention.flex_options={bad}"])
+        with pytest.raises(ConfigError, match="attention.flex_options"):
+            validate(cfg)
+
+
+def test_flex_options_reach_the_kernel_call(monkeypatch):
+    """The model hands its parsed options to every FlexAttention call (and none when empty)."""
+    import speedrun.attention as attention_mod
+    from speedrun.config import AttentionConfig, ModelConfig
+    from speedrun.model import GPT
+
+    seen = []
+    monkeypatch.setattr(attention_mod, "flex_attention",
+                        lambda q, k, v, mask, scale, options=None: seen.append(options) or v)
+    cfg = ModelConfig(num_layers=2, value_embeds=1, model_dim=32, num_heads=2, head_dim=16, mlp_hidden=64,
+                      vocab_size=300, no_attn_layers=(), long_layers=(0,))
+    for text, want in (("fwd_BLOCK_M=64,bwd_num_stages=2", {"fwd_BLOCK_M": 64, "bwd_num_stages": 2}), ("", None)):
+        seen.clear()
+        model = GPT(cfg, AttentionConfig(flex_options=text))
+        model.attention_backend = "flex"
+        model(torch.randint(0, 300, (256,)), torch.randint(0, 300, (256,)), torch.tensor(2))
+        assert seen == [want, want]

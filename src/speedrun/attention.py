@@ -139,8 +139,8 @@ def _compiled_flex():
     return torch.compile(_flex, dynamic=False)
 
 
-def flex_attention(q: Tensor, k: Tensor, v: Tensor, block_mask, scale: float) -> Tensor:
-    """FlexAttention, always through the compiler.
+def flex_attention(q: Tensor, k: Tensor, v: Tensor, block_mask, scale: float, options: dict | None = None) -> Tensor:
+    """FlexAttention, always through the compiler; `options`: its kernel options (tile sizes), or None.
 
     Called eagerly, FlexAttention evaluates `mask_mod` densely and ignores the
     block sparsity, which is where the sliding window lives: it would compute
@@ -150,8 +150,8 @@ def flex_attention(q: Tensor, k: Tensor, v: Tensor, block_mask, scale: float) ->
     from torch.nn.attention.flex_attention import flex_attention as _flex
 
     if torch.compiler.is_compiling():
-        return _flex(q, k, v, block_mask=block_mask, scale=scale)
-    return _compiled_flex()(q, k, v, block_mask=block_mask, scale=scale)
+        return _flex(q, k, v, block_mask=block_mask, scale=scale, kernel_options=options)
+    return _compiled_flex()(q, k, v, block_mask=block_mask, scale=scale, kernel_options=options)
 
 
 # ---------------------------------------------------------------- interface
@@ -164,8 +164,10 @@ class AttentionMasks:
     backend wants; `attend` runs that backend.
     """
 
-    def __init__(self, docs: Tensor, long_blocks: Tensor, short_blocks: Tensor, block_size: int, backend: str):
+    def __init__(self, docs: Tensor, long_blocks: Tensor, short_blocks: Tensor, block_size: int, backend: str,
+                 flex_options: dict | None = None):
         self.backend = backend
+        self.flex_options = dict(flex_options) if flex_options else None
         if backend == "flex":
             s = block_structure(docs, block_size)
             self.long = flex_block_mask(s, long_blocks, block_size)
@@ -177,7 +179,7 @@ class AttentionMasks:
     def attend(self, q: Tensor, k: Tensor, v: Tensor, long: bool, scale: float) -> Tensor:
         mask = self.long if long else self.short
         if self.backend == "flex":
-            return flex_attention(q, k, v, mask, scale)
+            return flex_attention(q, k, v, mask, scale, self.flex_options)
         return dense_attention(q, k, v, mask, scale)
 
 

@@ -282,14 +282,19 @@ class Session:
             warnings.filterwarnings("ignore", message="training data wrapped around")
             return self.trainer.train_step(step)
 
-    def warm_up(self, n: int, t_start: float) -> tuple[float | None, float]:
-        """n untimed steps spread over the run; (process start -> end of first step, warm-up seconds)."""
+    def warm_up(self, n: int, t_start: float, evaluate: bool = False) -> tuple[float | None, float]:
+        """n untimed steps spread over the run, then (`evaluate`) one validation; (process start -> end
+        of first step, warm-up seconds). The trainer's precompile child is done or stopped afterwards."""
         first, t0 = None, time.time()
         for i in range(n):
             self.step(_step_index(self.cfg, i, n, None))
             if i == 0:
                 _sync(self.device)
                 first = time.time() - t_start
+        if evaluate and self.trainer.val_file is not None:
+            self.trainer.await_precompile()
+            self.trainer.evaluate(0)
+        self.trainer.stop_precompile()
         _sync(self.device)
         return first, time.time() - t0
 
@@ -327,6 +332,7 @@ class Session:
 
     def close(self) -> None:
         tr = self.trainer
+        tr.stop_precompile()
         try:
             tr.loader.close()
             if getattr(tr, "guard", None) is not None:
@@ -762,10 +768,8 @@ def run_warm(args) -> dict:
         if not tr.compiled:
             raise SystemExit("speedrun warm: this preset does not compile on this device "
                              f"(train.compile={cfg.train.compile}); nothing to cache")
-        first_s, warm_s = session.warm_up(args.warmup, t_start)
+        first_s, warm_s = session.warm_up(args.warmup, t_start, evaluate=True)
         W = session.info.world_size
-        if tr.val_file is not None:
-            tr.evaluate(0)
         _sync(session.device)
         key = compile_cache.cache_key(cfg, session.device, W)
         path = compile_cache.save(key) if session.is_main else None

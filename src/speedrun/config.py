@@ -55,6 +55,11 @@ class ModelConfig:
     # FP8 head, one fused head op, head.py) | "auto" (triton on CUDA when installed, else torch).
     # Same math, an implementation choice; `torch` is the reference the tests hold the kernel to.
     ce_kernel: str = "auto"
+    # QK RMS-norm + rotary: "torch" (rms_norm, then Rotary.rotate; compiled, Inductor fuses them) |
+    # "triton" (one hand-written kernel each way for q and k, qk_rotary.py) | "auto" (triton on CUDA when
+    # installed). Same math. Default torch: on an H200 the Triton kernels measured slower in the compiled
+    # layer (974 against 765 us forward + backward, docs/benchmarks.md).
+    qk_kernel: str = "torch"
 
     @property
     def padded_vocab(self) -> int:
@@ -73,6 +78,11 @@ class AttentionConfig:
     long_short: bool = True  # short window = long // 2 on non-long layers
     backend: str = "auto"  # "auto" | "flex" | "dense"
     segment_len: int = 0  # >0: the row is independent sequences of this length (positions restart)
+    # FlexAttention kernel options, "KEY=VALUE,..." (torch's FlexKernelOptions, e.g. fwd_BLOCK_M=128,
+    # bwd_num_warps=4); "" = torch's defaults. Tile sizes only: the same function, another schedule.
+    # Default: the forward's best of a sweep on an H200 at the record's shapes (scripts/device/flex_sweep.py:
+    # 19.4 against 22.3 ms per step for torch's 128x64 tiles; no backward option beat torch's default).
+    flex_options: str = "fwd_BLOCK_M=64,fwd_BLOCK_N=64,fwd_num_warps=4,fwd_num_stages=3"
 
 
 @dataclass
@@ -118,6 +128,9 @@ class TrainConfig:
     val_seq_len: int = 4 * 64 * 1024  # tokens per rank per validation forward
     val_every: int = 125
     warmup_steps: int = 3  # untimed warm-up steps (the first compiles), then state restored; the reference ran 10
+    # compile the evaluation graph and the FP8 head in a second process during the first warm-up step
+    # (precompile.py); only where the step is compiled on a GPU. Speed only: nothing it computes is used.
+    precompile: bool = True
     seed: int = 0
     compile: str = "auto"  # "auto" (on CUDA) | "on" (whole model) | "regional" (per block) | "off"
     log_every: int = 1
@@ -266,6 +279,26 @@ def diff(a: RunConfig, b: RunConfig) -> dict[str, tuple]:
 ALLOWED_WORLD_SIZES = (1, 2, 4, 8)
 
 
+def parse_flex_options(text: str) -> dict[str, int | bool]:
+    """"fwd_BLOCK_M=128,fwd_USE_TMA=true" -> {"fwd_BLOCK_M": 128, "fwd_USE_TMA": True}; ValueError if malformed."""
+    out: dict[str, int | bool] = {}
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = item.partition("=")
+        key, value = key.strip(), value.strip().lower()
+        if not sep or not key.replace("_", "").isalnum():
+            raise ValueError(item)
+        out[key] = {"true": True, "false": False}[value] if value in ("true", "false") else int(value)
+    return out
+
+
+def flex_options_ok(text: str) -> bool:
+    try:
+        parse_flex_options(text)
+    except ValueError:
+        return False
+    return True
+
+
 def validate(cfg: RunConfig, world_size: int = 1) -> None:
     """Refuse values that cannot run, each with one line naming the field."""
     m, a, t = cfg.model, cfg.attention, cfg.train
@@ -289,6 +322,8 @@ def validate(cfg: RunConfig, world_size: int = 1) -> None:
         (m.softcap_form in ("sigmoid", "tanh"), "model.softcap_form", f"must be sigmoid or tanh, got {m.softcap_form!r}"),
         (m.ce_kernel in ("torch", "triton", "auto"), "model.ce_kernel",
          f"must be torch, triton or auto, got {m.ce_kernel!r}"),
+        (m.qk_kernel in ("torch", "triton", "auto"), "model.qk_kernel",
+         f"must be torch, triton or auto, got {m.qk_kernel!r}"),
         (2 * m.value_embeds <= m.num_layers, "model.value_embeds",
          f"needs 2*value_embeds <= num_layers, got {m.value_embeds} for {m.num_layers} layers"),
         (m.gate_inputs <= m.model_dim, "model.gate_inputs", "must be <= model_dim"),
@@ -299,6 +334,8 @@ def validate(cfg: RunConfig, world_size: int = 1) -> None:
          f"train.seq_len={t.seq_len} must be a multiple of it"),
         (a.window in ("none", "fixed", "growing"), "attention.window", f"must be none, fixed or growing, got {a.window!r}"),
         (a.backend in ("auto", "flex", "dense"), "attention.backend", f"must be auto, flex or dense, got {a.backend!r}"),
+        (flex_options_ok(a.flex_options), "attention.flex_options",
+         f"must be KEY=VALUE pairs separated by commas (integers or true/false), got {a.flex_options!r}"),
         (cfg.optim.kind in ("muon", "adamw"), "optim.kind", f"must be muon or adamw, got {cfg.optim.kind!r}"),
         (t.compile in ("auto", "on", "regional", "off"), "train.compile",
          f"must be auto, on, regional or off, got {t.compile!r}"),

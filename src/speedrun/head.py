@@ -34,6 +34,11 @@ def fused_available(use_fp8: bool, x: Tensor, ce_impl: str) -> bool:
     return use_fp8 and softcap_ce.pick_impl(x, ce_impl) == "triton" and softcap_ce.TRITON_FOUND
 
 
+def x_scale(dim: int) -> float:
+    """x is RMS-normed: |x_i| <= sqrt(dim), so x / (sqrt(dim) / 448) fits e4m3, as in fp8.head_matmul."""
+    return math.sqrt(dim) / 448
+
+
 def head_loss(x: Tensor, w: Tensor, targets: Tensor, cap: float, form: str, ce_impl: str, use_fp8: bool) -> Tensor:
     """sum over tokens of CE(softcap(x @ w^T), targets), a float32 scalar; x (..., K), w (M, K)."""
     if not fused_available(use_fp8, x, ce_impl):
@@ -41,7 +46,7 @@ def head_loss(x: Tensor, w: Tensor, targets: Tensor, cap: float, form: str, ce_i
         return softcap_ce.softcap_cross_entropy(z, targets, cap, form, ce_impl)
     softcap_ce.check(form, ce_impl)
     flat = x.reshape(-1, x.shape[-1]).contiguous()
-    x_s = math.sqrt(x.shape[-1]) / 448  # x is RMS-normed: |x_i| <= sqrt(K), as in fp8.head_matmul
+    x_s = x_scale(x.shape[-1])
     form = "none" if not cap else form
     want_grad = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)
     losses = torch.ops.speedrun.fp8_softcap_ce(

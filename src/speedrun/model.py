@@ -24,8 +24,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from speedrun.attention import AttentionMasks, document_ids
-from speedrun.config import AttentionConfig, ModelConfig
+from speedrun.config import AttentionConfig, ModelConfig, parse_flex_options
 from speedrun import head as head_ops
+from speedrun import qk_rotary
 
 
 EVAL_CHUNK = 16384
@@ -129,10 +130,13 @@ class Attention(nn.Module):
         H, D = self.cfg.num_heads, self.cfg.head_dim
         qkv = _linear(x, self.qkvo_w[:3].flatten(end_dim=1), self.qkv_b)
         q, k, v = qkv.view(B, T, 3 * H, D).chunk(3, dim=-2)
-        if self.cfg.qk_norm:
-            q, k = rms_norm(q), rms_norm(k)
-        if rope is not None:
-            q, k = Rotary.rotate(q, rope), Rotary.rotate(k, rope)
+        if self.cfg.qk_norm and rope is not None and qk_rotary.pick_impl(q, self.cfg.qk_kernel) == "triton":
+            q, k = qk_rotary.qk_norm_rotary(q, k, rope[0], rope[1], "triton")  # one fused kernel each way
+        else:
+            if self.cfg.qk_norm:
+                q, k = rms_norm(q), rms_norm(k)
+            if rope is not None:
+                q, k = Rotary.rotate(q, rope), Rotary.rotate(k, rope)
         if ve is not None:
             v = lambdas[0] * v + lambdas[1] * ve.view_as(v)
         elif self.cfg.value_embeds:
@@ -216,6 +220,7 @@ class GPT(nn.Module):
         self.head_w = None if cfg.tied_head else nn.Parameter(torch.empty(V, d))
         self.scalars = nn.Parameter(init_scalars(cfg.num_layers, pad_scalars_to))
         self.attention_backend = "dense"
+        self.flex_options = parse_flex_options(attn_cfg.flex_options)  # parsed once, a constant for the compiler
         self.use_fp8 = False
         self.reset_parameters()
 
@@ -290,7 +295,8 @@ class GPT(nn.Module):
         if seg:
             docs = docs + torch.arange(tokens.numel(), device=tokens.device) // seg * (tokens.numel() + 1)
         long, short = self.window_pair(long_blocks)
-        return AttentionMasks(docs, long, short, self.attn_cfg.block_size, self.attention_backend)
+        return AttentionMasks(docs, long, short, self.attn_cfg.block_size, self.attention_backend,
+                              self.flex_options)
 
     def positions(self, num_tokens: int, device, offset: int = 0) -> Tensor:
         pos = torch.arange(offset, offset + num_tokens, device=device)

@@ -48,8 +48,10 @@ IGNORE_INDEX = -100  # F.cross_entropy's default: such rows add 0 to the loss an
 TRITON_FOUND = importlib.util.find_spec("triton") is not None
 
 # Kernel launch parameters. BLOCK_V: vocabulary columns per inner-loop step
-# (a power of two); 50304 = 24.6 x 2048. Tune on the GPU.
-KERNEL_CONFIG = {"BLOCK_V": 2048, "num_warps": 8}
+# (a power of two); 50304 = 24.6 x 2048. Measured on an H200 at (49152, 50304)
+# bfloat16 (scripts/device/ce_bench.py, docs/benchmarks.md): 4 warps 4.67 ms a
+# call with the gradient, 8 warps 4.82, 16 warps 5.46; BLOCK_V 1024 / 4096 slower.
+KERNEL_CONFIG = {"BLOCK_V": 2048, "num_warps": 4}
 
 
 # --------------------------------------------------------------------------- reference

@@ -109,6 +109,8 @@ def cli_train(args: argparse.Namespace) -> int:
 
         raise out_of_memory(cfg, info.world_size, getattr(trainer, "phase", "set-up")) from None
     finally:
+        if trainer is not None:
+            trainer.stop_precompile()
         if getattr(trainer, "guard", None) is not None:
             trainer.guard.close()
         shutdown(clean=finished)
@@ -136,6 +138,22 @@ def resolve_data(cfg: RunConfig) -> tuple[list[Path], Path | None]:
     train = resolve_files(folder, cfg.data.train_pattern)
     val = resolve_files(folder, cfg.data.val_pattern)[0] if cfg.train.val_tokens else None
     return train, val
+
+
+def build_model(cfg: RunConfig, device: torch.device, world_size: int, dtype: torch.dtype) -> GPT:
+    """The model exactly as the trainer runs it (seeded initialisation, embedding dtype, rotary
+    table, attention backend, FP8 head); `precompile` builds the same one to compile its graphs."""
+    torch.manual_seed(cfg.train.seed)
+    model = GPT(cfg.model, cfg.attention, pad_scalars_to=world_size).to(device)
+    if dtype == torch.bfloat16 and cfg.model.bf16_embeds:
+        for m in model.modules():
+            if isinstance(m, torch.nn.Embedding):
+                m.to(torch.bfloat16)
+    if model.rotary is not None:  # rotary angles as a table: two loads instead of cos/sin per element
+        model.rotary.build_table(max(cfg.train.seq_len, cfg.train.val_seq_len))
+    model.attention_backend = pick_backend(cfg.attention.backend, device)
+    model.use_fp8 = cfg.model.fp8_head and fp8_supported(device)
+    return model
 
 
 @dataclass
@@ -203,7 +221,12 @@ class Trainer:
         self.micro_steps = cfg.train.batch_seqs // info.world_size
         self.tokens_per_step = cfg.train.batch_seqs * cfg.train.seq_len
         self._windows: dict[int, torch.Tensor] = {}
-        self._build()
+        self.precompiler = None
+        try:
+            self._build()
+        except BaseException:
+            self.stop_precompile()
+            raise
         from speedrun.resilience import RunGuard
 
         self.guard = RunGuard(self, resume)  # checkpoints, resume, health, fault policy, signals
@@ -213,18 +236,13 @@ class Trainer:
 
     def _build(self) -> None:
         cfg, info = self.cfg, self.info
-        torch.manual_seed(cfg.train.seed)
-        self.model = GPT(cfg.model, cfg.attention, pad_scalars_to=info.world_size).to(self.device)
-        if self.dtype == torch.bfloat16 and cfg.model.bf16_embeds:
-            for m in self.model.modules():
-                if isinstance(m, torch.nn.Embedding):
-                    m.to(torch.bfloat16)
-        if self.model.rotary is not None:  # rotary angles as a table: two loads instead of cos/sin per element
-            self.model.rotary.build_table(max(cfg.train.seq_len, cfg.train.val_seq_len))
-        self.startup.mark("model")
-        self.model.attention_backend = pick_backend(cfg.attention.backend, self.device)
-        self.model.use_fp8 = cfg.model.fp8_head and fp8_supported(self.device)
         self.compiled = use_compile(cfg.train.compile, self.device)
+        if self.compiled:
+            from speedrun import precompile
+
+            self.precompiler = precompile.start(cfg, info, self.out.path / "precompile.log" if self.out else None)
+        self.model = build_model(cfg, self.device, info.world_size, self.dtype)
+        self.startup.mark("model")
         from speedrun.compile_cache import key_local_caches, load_for_run
         from speedrun.regional import compile_step_model
 
@@ -332,12 +350,40 @@ class Trainer:
             self.train_step(step * self.cfg.train.steps // max(n, 1))
             self.startup.mark("first_step" if step == 0 else "warmup_steps")  # the first one compiles
         if self.val_file is not None:
+            self.await_precompile()
             self.evaluate(0)
-            self.startup.mark("warmup_validation")  # compiles the evaluation graph
+            self.startup.mark("warmup_validation")  # compiles the evaluation graph (a cache hit after precompile)
         self.model.load_state_dict(model_state)
         self.optimizers = build_optimizers(self.model, self.cfg.optim)
         self.loader.load_state_dict(loader_state)
         self.startup.mark("restore")
+        if self.compiled and self.out:  # where the compile time went, by compiler stage
+            from torch._dynamo.utils import compile_times
+
+            from speedrun.rundir import atomic_write_text
+
+            atomic_write_text(self.out.path / "compile_times.txt", str(compile_times(repr="str", aggregate=True)))
+
+    def await_precompile(self) -> None:
+        """Let this rank's precompile child finish filling the caches before this process compiles
+        the evaluation graph (compiling it twice at once would only slow both), then meet every rank."""
+        from speedrun import precompile
+        from speedrun.dist import barrier
+
+        proc, self.precompiler = self.precompiler, None
+        if proc is not None:
+            note = precompile.wait(proc)
+            self.startup.mark("precompile_wait")
+            if self.info.is_main:
+                print(f"speedrun: precompile {note}", flush=True)
+        if self.compiled:
+            barrier()
+
+    def stop_precompile(self) -> None:
+        from speedrun import precompile
+
+        precompile.stop(self.precompiler)
+        self.precompiler = None
 
     # -------------------------------------------------------------- loop
 
@@ -376,6 +422,7 @@ class Trainer:
                   f"{self.micro_steps} micro-step(s), {d['dtype']}, attention={d['attention_backend']}, "
                   f"fp8_head={d['fp8_head']}, compile={d['compile']}", flush=True)
         self.warm_up()
+        self.stop_precompile()  # no validation in warm-up (or no warm-up): the child is of no further use
         self.guard.start()  # resuming: restore the checkpoint (after warm-up, which resets state)
         self.startup.mark("resume" if self.guard.resume_dir is not None else "start")
         self.phase = "training"
