@@ -32,6 +32,8 @@ def _popen(code: str, tmp_path):
 
 def test_started_only_on_gpu_ranks_and_when_wanted():
     cfg = demo()
+    assert cfg.train.warmup_steps == 0 and not precompile.wanted(cfg, DistInfo(0, 1, 0, torch.device("cuda", 0)))
+    cfg.train.warmup_steps = 3
     cpu = DistInfo(0, 1, 0, torch.device("cpu"))
     gpu0, gpu1 = DistInfo(0, 2, 0, torch.device("cuda", 0)), DistInfo(1, 2, 1, torch.device("cuda", 1))
     assert not precompile.wanted(cfg, cpu) and precompile.start(cfg, cpu, None) is None

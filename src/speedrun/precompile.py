@@ -39,7 +39,9 @@ WAIT_LIMIT_S = 600.0
 
 
 def wanted(cfg, info) -> bool:
-    return cfg.train.precompile and info.device.type == "cuda"
+    """A compiled GPU run with warm-up steps (without them nothing waits for the child: the graphs
+    compile inside the run, after the child would have been stopped)."""
+    return cfg.train.precompile and info.device.type == "cuda" and cfg.train.warmup_steps > 0
 
 
 def start(cfg, info, log_path: Path | None) -> subprocess.Popen | None:
