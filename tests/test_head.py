@@ -7,15 +7,12 @@ test_softcap_ce.py for why a subprocess). The GPU tests repeat the check at
 the record's size, compiled.
 """
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
 
+from interpreter_helpers import run_interpreted
 from speedrun.head import fused_available
 
 _INTERPRETED = textwrap.dedent(r'''
@@ -73,18 +70,13 @@ _INTERPRETED = textwrap.dedent(r'''
         losses, grad, _, _ = torch.ops.speedrun.fp8_softcap_ce(x, w, t, 30.0, "sigmoid", 32**0.5 / 448, 2.0**-9, 1 / 448, False)
     out["nograd_grad_numel"] = grad.numel()
     out["nograd_loss_equal"] = bool(torch.isclose(losses.sum(), le, rtol=1e-6).item())
-    print("RESULT " + json.dumps(out))
+    print("RESULT " + json.dumps(out))  # read by interpreter_helpers.run_interpreted
 ''')
 
 
 @pytest.fixture(scope="module")
 def interpreted():
-    pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, "-c", _INTERPRETED], env=env, capture_output=True, text=True, timeout=900)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
-    return json.loads(lines[-1][len("RESULT "):])
+    return run_interpreted(_INTERPRETED, timeout=900)
 
 
 def test_fused_equals_split_ops(interpreted):

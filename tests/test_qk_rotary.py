@@ -28,16 +28,13 @@ of the rotation, from the reference's normalised n):
   is observed within ~2^-23 max|ref|, eager float32 autograd within ~2^-22.
 """
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from interpreter_helpers import run_interpreted
 from speedrun import qk_rotary as qr
 from speedrun.config import ModelConfig
 from speedrun.model import Attention, Rotary, rms_norm
@@ -103,6 +100,20 @@ def test_torch_impl_matches_attention_project():
     assert all(torch.equal(a, b) for a, b in zip(g_model, g_op))
 
 
+def test_float64_reference_is_the_math_without_rounding():
+    """reference_float64 = rotation of x * rsqrt(mean(x^2) + float32 eps), all in float64."""
+    g = torch.Generator().manual_seed(3)
+    q, k = (torch.randn(1, 7, 2, 32, generator=g) for _ in range(2))
+    cos, sin = Rotary(32, "half_truncated").compute(torch.arange(7))
+    got = qr.reference_float64(q, k, cos, sin)
+    for x, y in zip((q, k), got):
+        n = F.rms_norm(x.double(), (32,), eps=torch.finfo(torch.float32).eps)
+        c, s = cos.double()[None, :, None, :], sin.double()[None, :, None, :]
+        n1, n2 = n.chunk(2, -1)
+        assert y.dtype == torch.float64
+        torch.testing.assert_close(y, torch.cat((n1 * c + n2 * s, n2 * c - n1 * s), -1), rtol=1e-14, atol=1e-14)
+
+
 def test_impl_choice():
     q = torch.zeros(1, 4, 2, 8)
     assert qr.pick_impl(q, "auto") == "torch"  # CPU tensor
@@ -140,19 +151,6 @@ _INTERPRETED = textwrap.dedent(r'''
     from speedrun import qk_rotary as qr
     from speedrun.model import Rotary
 
-    EPS = torch.finfo(torch.float32).eps
-
-    def math64(q, k, cos, sin):
-        """The op's math in float64, no intermediate rounding (the kernel's backward differentiates this)."""
-        c, s = cos.double()[None, :, None, :], sin.double()[None, :, None, :]
-        outs = []
-        for x in (q, k):
-            x = x.double()
-            n = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS)
-            n1, n2 = n.chunk(2, -1)
-            outs.append(torch.cat((n1 * c + n2 * s, -n1 * s + n2 * c), -1))
-        return outs
-
     def term_size(x, cos, sin):
         """m: |n1 cos| + |n2 sin|, |n1 sin| + |n2 cos| from the reference's normalised (rounded) n."""
         n1, n2 = F.rms_norm(x, (x.size(-1),)).double().abs().chunk(2, -1)
@@ -178,7 +176,7 @@ _INTERPRETED = textwrap.dedent(r'''
         ref = qr.reference(q.detach(), k.detach(), cos, sin)
         q64 = q.detach().double().requires_grad_()
         k64 = k.detach().double().requires_grad_()
-        ref_g = torch.autograd.grad(math64(q64, k64, cos, sin), (q64, k64), [u.double() for u in up])
+        ref_g = torch.autograd.grad(qr.reference_float64(q64, k64, cos, sin), (q64, k64), [u.double() for u in up])
         fwd_over, mismatch = 0.0, 0
         for x, a, b in zip((q, k), got, ref):
             d = (a.double() - b.double()).abs()
@@ -257,18 +255,13 @@ _INTERPRETED = textwrap.dedent(r'''
                                        (gq, gq.flip(1), q.detach(), k.detach(), cos, sin),
                                        test_utils=("test_schema", "test_faketensor"))
     out["opcheck"] = {"fwd": checks, "bwd": checks_bwd}
-    print("RESULT " + json.dumps(out))
+    print("RESULT " + json.dumps(out))  # read by interpreter_helpers.run_interpreted
 ''')
 
 
 @pytest.fixture(scope="module")
 def interpreted():
-    pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, "-c", _INTERPRETED], env=env, capture_output=True, text=True, timeout=600)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
-    return json.loads(lines[-1][len("RESULT "):])
+    return run_interpreted(_INTERPRETED, timeout=600)
 
 
 def test_interpreted_forward_matches_reference(interpreted):

@@ -8,15 +8,13 @@ compile the real kernel). Without Triton installed those tests skip.
 
 import json
 import math
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from interpreter_helpers import run_interpreted
 from speedrun.config import ModelConfig, RunConfig, apply_overrides, validate
 from speedrun.errors import ConfigError
 from speedrun.model import GPT
@@ -201,19 +199,13 @@ _INTERPRETED = textwrap.dedent(r'''
     (lt, gt), (lk, gk) = results["torch"], results["triton"]
     out["model"] = dict(loss_rel_err=abs(lk.item() - lt.item()) / lt.item(),
                         grad_rel=max(rel(a, b) for a, b in zip(gk, gt)))
-    print("RESULT " + json.dumps(out))
+    print("RESULT " + json.dumps(out))  # read by interpreter_helpers.run_interpreted
 ''')
 
 
 @pytest.fixture(scope="module")
 def interpreted():
-    pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, "-c", _INTERPRETED, json.dumps(GRAD_TOL)], env=env,
-                          capture_output=True, text=True, timeout=900)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
-    return json.loads(lines[-1][len("RESULT "):])
+    return run_interpreted(_INTERPRETED, json.dumps(GRAD_TOL), timeout=900)
 
 
 def test_interpreted_kernel_matches_reference(interpreted):

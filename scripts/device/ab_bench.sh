@@ -6,11 +6,8 @@
 #   run      launch (background);   wait S   follow it and tar the results to $OUT
 set -u
 source scripts/device/common.sh
-C=/tmp/compile-caches
 bench() {  # bench GPU NAME SRC CACHE
-  mkdir -p "$C/$4/inductor" "$C/$4/triton"
-  env TORCHINDUCTOR_CACHE_DIR=$C/$4/inductor TRITON_CACHE_DIR=$C/$4/triton SPEEDRUN_COMPILE_CACHE=off \
-    PYTHONPATH="$PWD/$3" CUDA_VISIBLE_DEVICES=$1 python3 -m speedrun.cli bench --preset proxy212 --steps 10 --repeats 3 \
+  env $(caches "$4") PYTHONPATH="$PWD/$3" CUDA_VISIBLE_DEVICES=$1 python3 -m speedrun.cli bench --preset proxy212 --steps 10 --repeats 3 \
     --json "$RES/ab-$2.json" > "$RES/ab-$2.log" 2>&1
   echo "[gpu$1] $(date +%T) $2: $(grep -E 'ms/step \(median\)' "$RES/ab-$2.log")"
 }

@@ -13,26 +13,14 @@ gradient are compared with the first variant's.
 
 import itertools
 import json
-import statistics
 import sys
 
 import torch
 
+from cuda_timing import median_us
 from speedrun import softcap_ce as sc
 
 N, V = 49152, 50304
-
-
-def timed(fn, reps=20):
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for _ in range(3):
-        fn()
-    for a, b in ev:
-        a.record()
-        fn()
-        b.record()
-    torch.cuda.synchronize()
-    return statistics.median(a.elapsed_time(b) for a, b in ev) * 1000
 
 
 def main(out: str) -> None:
@@ -49,8 +37,8 @@ def main(out: str) -> None:
                "loss_sum_rel_diff": abs(losses.double().sum().item() / ref[0].double().sum().item() - 1),
                "loss_max_abs_diff": (losses - ref[0]).abs().max().item(),
                "grad_max_abs_diff": (grad.float() - ref[1].float()).abs().max().item(),
-               "train_us": timed(lambda: sc.launch(z, t, 30.0, "sigmoid", True)),
-               "eval_us": timed(lambda: sc.launch(z, t, 30.0, "sigmoid", False))}
+               "train_us": median_us(lambda: sc.launch(z, t, 30.0, "sigmoid", True)),
+               "eval_us": median_us(lambda: sc.launch(z, t, 30.0, "sigmoid", False))}
         rows.append(row)
         print(row, flush=True)
         del losses, grad

@@ -19,3 +19,21 @@ follow() {  # follow SECONDS "DONE FILES" "LOG FILES": wait until every done fil
   for f in /tmp/runs/*/metrics.jsonl; do [ -f "$f" ] && echo "$f: $(tail -1 "$f" | cut -c1-160)"; done
   all "$@"
 }
+
+# proxy212 runs, each with its own local compiler caches (/tmp/compile-caches/NAME)
+ARGS=(--preset proxy212 --data-dir .proxy --overwrite --no-progress)
+C=/tmp/compile-caches
+caches() {  # caches NAME [fresh]: the environment of one run's own local compiler caches
+  [ "${2:-}" = fresh ] && rm -rf "$C/$1"
+  mkdir -p "$C/$1/inductor" "$C/$1/triton"
+  echo "TORCHINDUCTOR_CACHE_DIR=$C/$1/inductor TRITON_CACHE_DIR=$C/$1/triton SPEEDRUN_COMPILE_CACHE=off"
+}
+train() {  # train GPU RUN CACHE [fresh]: proxy212 into /tmp/runs/RUN, log $RES/RUN.log; extra
+  # arguments (e.g. --set ...) from the file $TRAIN_EXTRA_FILE when that is set
+  local extra=""
+  [ -n "${TRAIN_EXTRA_FILE:-}" ] && extra=$(cat "$TRAIN_EXTRA_FILE")
+  echo "[gpu$1] $(date +%T) start $2 (caches $3 ${4:-}) $extra"
+  env $(caches "$3" "${4:-}") CUDA_VISIBLE_DEVICES=$1 python3 -m speedrun.train "${ARGS[@]}" $extra \
+    --out "/tmp/runs/$2" > "$RES/$2.log" 2>&1
+  echo "[gpu$1] $(date +%T) end $2: exit $? | $(grep -E 'cold start' "$RES/$2.log" | head -1) | $(grep -E 'precompile|final val_loss|rror|warning' "$RES/$2.log" | tail -3 | tr '\n' ' ')"
+}

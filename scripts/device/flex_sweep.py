@@ -14,7 +14,6 @@ record's layers use them: 3 long and 8 short attention layers, 8 micro-steps.
 
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ from pathlib import Path
 import torch
 from torch.nn.attention.flex_attention import flex_attention
 
+from cuda_timing import median_us
 from speedrun.attention import block_structure, document_ids, flex_block_mask
 from speedrun.shards import read_shard
 
@@ -45,21 +45,13 @@ CANDIDATES = {
 }
 
 
-def timed(fn, reps=20):
+def timed(fn):
     if not torch.cuda.is_available():  # a CPU smoke test of this script (SWEEP_T=1024)
         fn()
         t0 = time.perf_counter()
         fn()
         return (time.perf_counter() - t0) * 1e6
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for _ in range(3):
-        fn()
-    for a, b in ev:
-        a.record()
-        fn()
-        b.record()
-    torch.cuda.synchronize()
-    return statistics.median(a.elapsed_time(b) for a, b in ev) * 1000  # us
+    return median_us(fn)
 
 
 def main(data_dir: str, out: str) -> None:

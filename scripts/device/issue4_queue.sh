@@ -11,22 +11,6 @@
 # Launch a stage with: setsid nohup bash scripts/device/issue4_queue.sh STAGE > /tmp/q.log 2>&1 &
 set -u
 source scripts/device/common.sh
-ARGS=(--preset proxy212 --data-dir .proxy --overwrite --no-progress)
-C=/tmp/compile-caches
-
-caches() {  # caches NAME [fresh]: the environment of one run's own local compiler caches
-  [ "${2:-}" = fresh ] && rm -rf "$C/$1"
-  mkdir -p "$C/$1/inductor" "$C/$1/triton"
-  echo "TORCHINDUCTOR_CACHE_DIR=$C/$1/inductor TRITON_CACHE_DIR=$C/$1/triton SPEEDRUN_COMPILE_CACHE=off"
-}
-
-train() {  # train GPU RUN CACHE [fresh]
-  echo "[gpu$1] $(date +%T) start $2 (caches $3 ${4:-})"
-  env $(caches "$3" "${4:-}") CUDA_VISIBLE_DEVICES=$1 python3 -m speedrun.train "${ARGS[@]}" --out "/tmp/runs/$2" \
-    > "$RES/$2.log" 2>&1
-  echo "[gpu$1] $(date +%T) end $2: exit $? | $(grep -E 'cold start' "$RES/$2.log" | head -1) | $(grep -E 'final val_loss|rror|warning' "$RES/$2.log" | tail -2)"
-}
-
 stage_start() {
   unpack_proxy
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$RES/gpus.csv"

@@ -22,46 +22,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 from pathlib import Path
 
 import torch
 
+from cuda_timing import median_us
 from speedrun import qk_rotary as qr
 from speedrun.model import Rotary
 
 B, H, D = 1, 6, 128
 FWD_VARIANTS = [(2, 2), (4, 2), (4, 4), (8, 4), (8, 8), (16, 8)]  # (BLOCK_T, num_warps)
 BWD_VARIANTS = [(2, 2), (2, 4), (4, 4), (4, 8), (8, 4), (8, 8)]
-
-
-def timed(fn, iters: int, warmup: int = 5) -> float:
-    """Median microseconds of one call of fn."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    us = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        us.append(a.elapsed_time(b) * 1e3)
-    return statistics.median(us)
-
-
-def math64(q, k, cos, sin):
-    """The op's math in float64 without intermediate rounding (what the kernel's backward differentiates)."""
-    eps = torch.finfo(torch.float32).eps
-    c, s = cos.double()[None, :, None, :], sin.double()[None, :, None, :]
-    outs = []
-    for x in (q, k):
-        x = x.double()
-        n = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-        n1, n2 = n.chunk(2, -1)
-        outs.append(torch.cat((n1 * c + n2 * s, -n1 * s + n2 * c), -1))
-    return outs
 
 
 def errors(got, ref) -> dict:
@@ -110,7 +81,7 @@ def main() -> None:
     g_triton = torch.autograd.grad(qr.qk_norm_rotary(q1, k1, cos, sin, impl="triton"), (q1, k1), (gq, gk))
     g_eager = torch.autograd.grad(qr.reference(q1, k1, cos, sin), (q1, k1), (gq, gk))
     q64, k64 = qd.double().requires_grad_(), kd.double().requires_grad_()
-    g64 = torch.autograd.grad(math64(q64, k64, cos, sin), (q64, k64), (gq.double(), gk.double()))
+    g64 = torch.autograd.grad(qr.reference_float64(q64, k64, cos, sin), (q64, k64), (gq.double(), gk.double()))
     result["check"] = {
         "fwd_triton_vs_eager": errors(got, ref),
         "grad_triton_vs_eager_bf16": errors(g_triton, g_eager),
@@ -135,7 +106,7 @@ def main() -> None:
     for impl in ("torch", "triton"):
         fwd = lambda: compiled(qkv, cos, sin, impl)
         fwd_bwd = lambda: torch.autograd.grad(compiled(qkv, cos, sin, impl), qkv, (gq, gk))
-        rows[impl] = {"fwd_us": timed(fwd, iters), "fwd_bwd_us": timed(fwd_bwd, iters)}
+        rows[impl] = {"fwd_us": median_us(fwd, iters, warmup=5), "fwd_bwd_us": median_us(fwd_bwd, iters, warmup=5)}
         rows[impl]["bwd_us"] = rows[impl]["fwd_bwd_us"] - rows[impl]["fwd_us"]
     result["compiled"] = rows
 
@@ -157,7 +128,7 @@ def main() -> None:
                 call = lambda: torch.ops.speedrun.qk_norm_rotary_backward(gq, gk, qd, kd, cos, sin)
                 err = errors(call(), g_triton)["max_abs"]  # against the default config's gradients
                 nbytes = bwd_bytes
-            us = timed(call, iters)
+            us = median_us(call, iters, warmup=5)
             sweep.append({"kind": kind, "BLOCK_T": block_t, "num_warps": warps, "us": us,
                           "GB_s": nbytes / us / 1e3, "max_abs_err": err})
     qr.KERNEL_CONFIG.update(default_cfg)
@@ -183,7 +154,8 @@ def main() -> None:
     qr.KERNEL_CONFIG.update(tuned)
     fwd = lambda: compiled(qkv, cos, sin, "triton")
     fwd_bwd = lambda: torch.autograd.grad(compiled(qkv, cos, sin, "triton"), qkv, (gq, gk))
-    rows["triton_tuned"] = {"fwd_us": timed(fwd, iters), "fwd_bwd_us": timed(fwd_bwd, iters), "config": tuned}
+    rows["triton_tuned"] = {"fwd_us": median_us(fwd, iters, warmup=5), "fwd_bwd_us": median_us(fwd_bwd, iters, warmup=5),
+                            "config": tuned}
     rows["triton_tuned"]["bwd_us"] = rows["triton_tuned"]["fwd_bwd_us"] - rows["triton_tuned"]["fwd_us"]
     qr.KERNEL_CONFIG.update(default_cfg)
     print(f"  compiled layer, tuned {tuned}: fwd {rows['triton_tuned']['fwd_us']:.1f} "

@@ -14,21 +14,7 @@
 # Launch: setsid nohup bash scripts/device/session4_queue.sh run > /tmp/q.log 2>&1 &
 set -u
 source scripts/device/common.sh
-ARGS=(--preset proxy212 --data-dir .proxy --overwrite --no-progress)
-C=/tmp/compile-caches
-
-caches() {  # caches NAME [fresh]: the environment of one run's own local compiler caches
-  [ "${2:-}" = fresh ] && rm -rf "$C/$1"
-  mkdir -p "$C/$1/inductor" "$C/$1/triton"
-  echo "TORCHINDUCTOR_CACHE_DIR=$C/$1/inductor TRITON_CACHE_DIR=$C/$1/triton SPEEDRUN_COMPILE_CACHE=off"
-}
-
-train() {  # train GPU RUN CACHE [fresh]
-  echo "[gpu$1] $(date +%T) start $2 (caches $3 ${4:-}) $(cat "$RES/choice.txt")"
-  env $(caches "$3" "${4:-}") CUDA_VISIBLE_DEVICES=$1 python3 -m speedrun.train "${ARGS[@]}" \
-    $(cat "$RES/choice.txt") --out "/tmp/runs/$2" > "$RES/$2.log" 2>&1
-  echo "[gpu$1] $(date +%T) end $2: exit $? | $(grep -E 'cold start' "$RES/$2.log" | head -1) | $(grep -E 'precompile|final val_loss|rror|warning' "$RES/$2.log" | tail -3 | tr '\n' ' ')"
-}
+TRAIN_EXTRA_FILE=$RES/choice.txt  # the --set arguments choose.py picked
 
 stage_lab() {
   ( CUDA_VISIBLE_DEVICES=0 python3 -m pytest -m gpu -q tests/ > "$RES/gpu-tests.log" 2>&1
@@ -48,7 +34,7 @@ stage_runs() {
   ( train 0 cold-a a fresh; train 0 warm-a a
     echo "[gpu0] $(date +%T) bench"
     env $(caches a) CUDA_VISIBLE_DEVICES=0 python3 -m speedrun.cli bench --preset proxy212 --steps 10 --repeats 3 \
-      $(cat "$RES/choice.txt") --profile "$RES/bench-profile.txt" --json "$RES/bench.json" > "$RES/bench.log" 2>&1
+      $(cat "$TRAIN_EXTRA_FILE") --profile "$RES/bench-profile.txt" --json "$RES/bench.json" > "$RES/bench.log" 2>&1
     grep -E "ms/step|fraction|set-up|graphs|host syncs|rror" "$RES/bench.log"
     touch "$RES/q0.done" ) >> "$RES/q0.log" 2>&1 &
   ( until grep -q "cold start" "$RES/cold-a.log" 2>/dev/null || [ -e "$RES/q0.done" ]; do sleep 2; done
@@ -57,7 +43,7 @@ stage_runs() {
   wait
   echo "[gpu01] $(date +%T) start two-gpu"
   env $(caches a) CUDA_VISIBLE_DEVICES=0,1 torchrun --standalone --nproc_per_node=2 -m speedrun.train "${ARGS[@]}" \
-    $(cat "$RES/choice.txt") --out /tmp/runs/two-gpu > "$RES/two-gpu.log" 2>&1
+    $(cat "$TRAIN_EXTRA_FILE") --out /tmp/runs/two-gpu > "$RES/two-gpu.log" 2>&1
   echo "[gpu01] $(date +%T) end two-gpu: exit $? | $(grep -E 'cold start|final val_loss' "$RES/two-gpu.log" | tr '\n' ' ')"
 }
 

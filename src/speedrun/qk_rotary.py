@@ -40,27 +40,24 @@ Under Triton's interpreter (3.x) a float32 -> bfloat16 conversion truncates
 instead of rounding to nearest even; there the kernels round in integer
 arithmetic instead (`_emulate_rne`), so the CPU tests see the GPU's rounding.
 
-`impl="auto"` takes the Triton kernel for CUDA tensors when Triton is
-installed, the torch path otherwise. Nothing here imports Triton at import
-time (only `importlib.util.find_spec` is consulted); the kernels are built on
-first use, so `TRITON_INTERPRET=1` set before that first use runs them on a CPU
-through Triton's interpreter (the tests do this in a subprocess).
+`impl` chooses between them as `kernel_choice` says ("auto": the kernels for
+CUDA tensors when Triton is installed); the kernels are built on first use.
+`reference_float64` is the same math in float64 without the intermediate
+rounding: what the kernel's backward differentiates, for the tests and the
+GPU benchmark to measure both paths' gradients against.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-IMPLS = ("torch", "triton", "auto")
-KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+from speedrun.kernel_choice import IMPLS, TRITON_FOUND, pick_impl  # noqa: F401 (this module's interface)
 
-# Does a Triton distribution exist? (looked up, not imported; a constant for Dynamo)
-TRITON_FOUND = importlib.util.find_spec("triton") is not None
+KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 # Kernel launch parameters, read at each launch (also under torch.compile: the ops are opaque).
 # BLOCK_T: tokens per program (a power of two; each program does all heads of q and k for them);
@@ -93,16 +90,19 @@ def reference(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, T
     return rotate(q, cos, sin), rotate(k, cos, sin)
 
 
+def reference_float64(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> list[Tensor]:
+    """The op's math in float64 with no intermediate rounding (float32's eps, as `rms_eps`)."""
+    c, s = cos.double()[None, :, None, :], sin.double()[None, :, None, :]
+    outs = []
+    for x in (q, k):
+        x = x.double()
+        n = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + rms_eps(torch.float32))
+        n1, n2 = n.chunk(2, -1)
+        outs.append(torch.cat((n1 * c + n2 * s, -n1 * s + n2 * c), -1))
+    return outs
+
+
 # --------------------------------------------------------------------------- dispatch
-
-
-def pick_impl(t: Tensor, impl: str = "auto") -> str:
-    """The implementation `qk_norm_rotary` runs for tensors like t: "torch" or "triton"."""
-    if impl not in IMPLS:
-        raise ValueError(f"qk_norm_rotary impl must be one of {IMPLS}, got {impl!r}")
-    if impl == "auto":
-        return "triton" if (t.is_cuda and TRITON_FOUND) else "torch"
-    return impl
 
 
 def qk_norm_rotary(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, impl: str = "auto") -> tuple[Tensor, Tensor]:
@@ -282,20 +282,32 @@ def _strides(*ts: Tensor) -> list[int]:
     return [st for t in ts for st in t.stride()[:3]]
 
 
+def _output(x: Tensor) -> Tensor:
+    """A contiguous (B, T, H, D) tensor like x (x itself may be a strided view)."""
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+def _launch(kernel, q: Tensor, pointers: tuple, strided: tuple, block: str, warps: str) -> None:
+    """Run a kernel over q's (B, T, H, D) shape: `pointers` are its tensor arguments in order, `strided`
+    the tensors whose (batch, token, head) strides follow T, H and eps; `block`/`warps` name the
+    KERNEL_CONFIG entries for the launch."""
+    if not q.numel():
+        return
+    cfg = KERNEL_CONFIG
+    B, T, H, D = q.shape
+    kernel[_grid(q, cfg[block])](
+        *pointers, T, H, rms_eps(q.dtype), *_strides(*strided),
+        BLOCK_T=cfg[block], HP=triton.next_power_of_2(H), D2=D // 2, EMULATE_RNE=_emulate_rne(q.dtype),
+        num_warps=cfg[warps],
+    )
+
+
 def launch_forward(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
     fwd, _ = _build_kernel()
     _check(q, k, cos, sin)
     q, k, cos, sin = _rowwise(q), _rowwise(k), _table(cos), _table(sin)
-    yq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    yk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    if q.numel():
-        cfg = KERNEL_CONFIG
-        B, T, H, D = q.shape
-        fwd[_grid(q, cfg["BLOCK_T"])](
-            q, k, cos, sin, yq, yk, T, H, rms_eps(q.dtype), *_strides(q, k, yq),
-            BLOCK_T=cfg["BLOCK_T"], HP=triton.next_power_of_2(H), D2=D // 2, EMULATE_RNE=_emulate_rne(q.dtype),
-            num_warps=cfg["num_warps"],
-        )
+    yq, yk = _output(q), _output(k)
+    _launch(fwd, q, (q, k, cos, sin, yq, yk), (q, k, yq), "BLOCK_T", "num_warps")
     return yq, yk
 
 
@@ -303,16 +315,8 @@ def launch_backward(gq: Tensor, gk: Tensor, q: Tensor, k: Tensor, cos: Tensor, s
     _, bwd = _build_kernel()
     _check(q, k, cos, sin)
     q, k, gq, gk, cos, sin = _rowwise(q), _rowwise(k), _rowwise(gq), _rowwise(gk), _table(cos), _table(sin)
-    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    if q.numel():
-        cfg = KERNEL_CONFIG
-        B, T, H, D = q.shape
-        bwd[_grid(q, cfg["BLOCK_T_BWD"])](
-            q, k, gq, gk, cos, sin, dq, dk, T, H, rms_eps(q.dtype), *_strides(q, k, gq, gk, dq),
-            BLOCK_T=cfg["BLOCK_T_BWD"], HP=triton.next_power_of_2(H), D2=D // 2, EMULATE_RNE=_emulate_rne(q.dtype),
-            num_warps=cfg["num_warps_bwd"],
-        )
+    dq, dk = _output(q), _output(k)
+    _launch(bwd, q, (q, k, gq, gk, cos, sin, dq, dk), (q, k, gq, gk, dq), "BLOCK_T_BWD", "num_warps_bwd")
     return dq, dk
 
 

@@ -24,28 +24,21 @@ Two implementations of `softcap_cross_entropy`:
   `torch.compile(fullgraph=True)` keeps it whole; `register_fake` gives its
   output shapes and strides.
 
-`impl="auto"` takes the Triton kernel for CUDA tensors when Triton is
-installed, the torch path otherwise. Nothing here imports Triton at import
-time (only `importlib.util.find_spec` is consulted); the kernel is built on
-first use, so `TRITON_INTERPRET=1` set before that first use runs it on a CPU
-through Triton's interpreter (the tests do this in a subprocess).
+`impl` chooses between them as `kernel_choice` says ("auto": the kernel for
+CUDA tensors when Triton is installed); the kernel is built on first use.
 """
 
 from __future__ import annotations
-
-import importlib.util
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-IMPLS = ("torch", "triton", "auto")
+from speedrun.kernel_choice import IMPLS, TRITON_FOUND, pick_impl  # noqa: F401 (this module's interface)
+
 FORMS = ("sigmoid", "tanh", "none")
 SIGMOID_TEMPERATURE = 7.5  # the record's 30*sigmoid(z/7.5)
 IGNORE_INDEX = -100  # F.cross_entropy's default: such rows add 0 to the loss and get a zero gradient
-
-# Does a Triton distribution exist? (looked up, not imported; a constant for Dynamo)
-TRITON_FOUND = importlib.util.find_spec("triton") is not None
 
 # Kernel launch parameters. BLOCK_V: vocabulary columns per inner-loop step
 # (a power of two); 50304 = 24.6 x 2048. Measured on an H200 at (49152, 50304)
@@ -80,13 +73,6 @@ def check(form: str, impl: str) -> None:
         raise ValueError(f"softcap form must be one of {FORMS}, got {form!r}")
     if impl not in IMPLS:
         raise ValueError(f"cross-entropy impl must be one of {IMPLS}, got {impl!r}")
-
-
-def pick_impl(z: Tensor, impl: str = "auto") -> str:
-    """The implementation `softcap_cross_entropy` runs for z: "torch" or "triton"."""
-    if impl == "auto":
-        return "triton" if (z.is_cuda and TRITON_FOUND) else "torch"
-    return impl
 
 
 def softcap_cross_entropy(z: Tensor, targets: Tensor, cap: float, form: str, impl: str = "torch") -> Tensor:

@@ -1,0 +1,31 @@
+"""Choosing between a fused Triton kernel and its PyTorch reference.
+
+Each fused-kernel module (`softcap_ce`, `qk_rotary`) offers the same three
+implementations: "torch" (the reference the tests hold the kernel to),
+"triton" (the kernel: CUDA, or a CPU under TRITON_INTERPRET=1) and "auto"
+(the kernel for CUDA tensors when Triton is installed, the reference
+otherwise). Triton is looked up here, never imported: `TRITON_FOUND` is a
+constant for Dynamo, and the kernels are built on their first use, so
+TRITON_INTERPRET=1 set before that use runs them through Triton's
+interpreter (the CPU tests do this in a subprocess).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+from torch import Tensor
+
+IMPLS = ("torch", "triton", "auto")
+
+# Does a Triton distribution exist? (looked up, not imported; a constant for Dynamo)
+TRITON_FOUND = importlib.util.find_spec("triton") is not None
+
+
+def pick_impl(t: Tensor, impl: str = "auto") -> str:
+    """The implementation that runs for tensors like t: "torch" or "triton"."""
+    if impl not in IMPLS:
+        raise ValueError(f"kernel impl must be one of {IMPLS}, got {impl!r}")
+    if impl == "auto":
+        return "triton" if (t.is_cuda and TRITON_FOUND) else "torch"
+    return impl
