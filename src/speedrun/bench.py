@@ -295,6 +295,7 @@ class Session:
             self.trainer.await_precompile()
             self.trainer.evaluate(0)
         self.trainer.stop_precompile()
+        self.trainer.save_dynamo_packages()  # the next bench or run of this config starts warm
         _sync(self.device)
         return first, time.time() - t0
 

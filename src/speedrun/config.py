@@ -131,6 +131,9 @@ class TrainConfig:
     # compile the evaluation graph and the FP8 head in a second process during the first warm-up step
     # (precompile.py); only where the step is compiled on a GPU. Speed only: nothing it computes is used.
     precompile: bool = True
+    # keep Dynamo's traced graphs and guards between runs (dynamo_cache.py, torch's caching precompile):
+    # a warm start skips re-tracing; speed only, the compiled code is the same
+    dynamo_cache: bool = True
     seed: int = 0
     compile: str = "auto"  # "auto" (on CUDA) | "on" (whole model) | "regional" (per block) | "off"
     log_every: int = 1

@@ -3,7 +3,7 @@
 A cold start compiles, one after the other: the training step (the first
 warm-up step, ~77 s on an H200), the FP8 head's own compiled products (on the
 first call of the head op, inside that step) and the evaluation graph (at the
-warm-up validation, 22-27 s). Only the first has to be on the critical path.
+first validation, 22-27 s). Only the first has to be on the critical path.
 `start` launches `python -m speedrun.precompile` next to the trainer; the
 child builds the same model (`train.build_model`, same config, same source
 key for torch's local caches) and runs the head op and one evaluation forward
@@ -19,6 +19,8 @@ only a rank without one would compile its evaluation graph while the others
 wait for it in the validation's all-reduce. Every rank meets at a barrier
 after its child, before compiling the evaluation graph. Rank 0's child writes
 `precompile.log` in the run folder. `train.precompile=false` turns it off.
+No child is started when Dynamo's package cache (`dynamo_cache.py`) already
+holds this run's graphs: a warm start loads the evaluation graph with them.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ def start(cfg, info, log_path: Path | None) -> subprocess.Popen | None:
         json.dump(cfg.to_dict(), f)
     log = open(log_path, "w") if log_path else subprocess.DEVNULL
     cmd = [sys.executable, "-m", "speedrun.precompile", "--config", cfg_path,
-           "--device", str(info.device), "--world-size", str(info.world_size)]
+           "--device", str(info.device), "--world-size", str(info.world_size), "--rank", str(info.rank)]
     try:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     finally:
@@ -125,7 +127,8 @@ def warm_eval(step_model, model, cfg, device: torch.device, dtype: torch.dtype) 
         step_model(inputs, targets, window, dtype).item()
 
 
-def run_child(cfg, device: torch.device, world_size: int) -> None:
+def run_child(cfg, device: torch.device, world_size: int, rank: int = 0) -> None:
+    from speedrun import dynamo_cache
     from speedrun.compile_cache import key_local_caches
     from speedrun.regional import compile_step_model
     from speedrun.train import build_model, pick_dtype
@@ -135,6 +138,7 @@ def run_child(cfg, device: torch.device, world_size: int) -> None:
     dtype = pick_dtype(cfg.train.dtype, device)
     model = build_model(cfg, device, world_size, dtype)
     key_local_caches()  # the same cache keys as the trainer's
+    dynamo_cache.enable(cfg, device, world_size, rank)  # the same cache entries' form; never saved here
     step_model = compile_step_model(model, cfg.train.compile, True)
     for name, fn in (("head", lambda: warm_head(model, cfg, device)),
                      ("evaluation graph", lambda: warm_eval(step_model, model, cfg, device, dtype))):
@@ -153,10 +157,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", required=True, help="the run's config.json")
     p.add_argument("--device", required=True)
     p.add_argument("--world-size", type=int, default=1)
+    p.add_argument("--rank", type=int, default=0)
     args = p.parse_args(argv)
     cfg = from_dict(json.loads(Path(args.config).read_text()))
     t0 = time.time()
-    run_child(cfg, torch.device(args.device), args.world_size)
+    run_child(cfg, torch.device(args.device), args.world_size, args.rank)
     print(f"precompile: finished in {time.time() - t0:.1f} s", flush=True)
     return 0
 

@@ -31,7 +31,8 @@ from speedrun.fp8 import fp8_supported
 from speedrun.model import GPT, count_parameters
 from speedrun.optimizers import build_optimizers
 from speedrun.rundir import RunDir, default_out_dir, git_commit, git_dirty
-from speedrun.startup import StartupPhases, compiled_graphs
+from speedrun import dynamo_cache
+from speedrun.startup import StartupPhases, compiled_graphs, import_compiler_in_background
 
 
 def process_start_time() -> float:
@@ -172,6 +173,10 @@ class Clock:
         self._sync()
         self._t0 = time.perf_counter()
 
+    @property
+    def running(self) -> bool:
+        return self._t0 is not None
+
     def stop(self) -> None:
         self._sync()
         if self._t0 is not None:
@@ -221,7 +226,11 @@ class Trainer:
         self.micro_steps = cfg.train.batch_seqs // info.world_size
         self.tokens_per_step = cfg.train.batch_seqs * cfg.train.seq_len
         self._windows: dict[int, torch.Tensor] = {}
-        self.precompiler = None
+        self.precompiler, self.dynamo_packages = None, None
+        self._first_validation_pending = True  # it waits for the precompile child and meets the other ranks
+        self._cold = True  # until the first timed step: marks go to the cold start's phases
+        self._graphs_saved = 0  # Dynamo's graph count when its packages were last saved
+        self._graphs_at_start, self._graphs_in_validation = 0, 0
         try:
             self._build()
         except BaseException:
@@ -237,27 +246,42 @@ class Trainer:
     def _build(self) -> None:
         cfg, info = self.cfg, self.info
         self.compiled = use_compile(cfg.train.compile, self.device)
-        if self.compiled:
-            from speedrun import precompile
-
-            self.precompiler = precompile.start(cfg, info, self.out.path / "precompile.log" if self.out else None)
+        compiler = import_compiler_in_background() if self.compiled else None  # overlaps the model build
         self.model = build_model(cfg, self.device, info.world_size, self.dtype)
         self.startup.mark("model")
-        from speedrun.compile_cache import key_local_caches, load_for_run
+        if self.compiled:
+            compiler.join()
+            self._prepare_compile()
+        from speedrun.compile_cache import load_for_run
         from speedrun.regional import compile_step_model
 
         log = print if info.is_main else None
-        if self.compiled:
-            key_local_caches()  # torch's local caches miss after any change to speedrun's sources
         self.compile_cache = load_for_run(cfg, self.device, info.world_size, log) if self.compiled else "not compiled"
         self.startup.mark("compile_cache")
-        self.step_model = compile_step_model(self.model, cfg.train.compile, self.compiled)  # whole model or regional
+        self.step_model = dynamo_cache.compile_with(  # whole model or regional
+            self.dynamo_packages, lambda: compile_step_model(self.model, cfg.train.compile, self.compiled))
         self.optimizers = build_optimizers(self.model, cfg.optim)
         train_files, self.val_file = resolve_data(cfg)
         from speedrun.loader import TrainLoader
 
         self.loader = TrainLoader(train_files, cfg.train.seq_len, cfg.train.batch_seqs, info.rank,
                                   info.world_size, self.device, bos_align=cfg.train.bos_align)
+
+    def _prepare_compile(self) -> None:
+        """Key torch's caches, switch on Dynamo's package cache and, when that holds no package
+        for this run yet (a cold start), start the precompile child."""
+        from speedrun import precompile
+        from speedrun.compile_cache import key_local_caches
+
+        cfg, info = self.cfg, self.info
+        key_local_caches()  # torch's local caches miss after any change to speedrun's sources
+        self.dynamo_packages = packages = dynamo_cache.enable(cfg, self.device, info.world_size, info.rank)
+        if info.is_main and packages is not None:
+            print(f"speedrun: dynamo cache: {'found' if packages.found else 'none'} ({packages.path})", flush=True)
+        if packages is not None and packages.found:
+            return  # a warm start: the packages hold the evaluation graph too, the child would add nothing
+        log_path = self.out.path / "precompile.log" if self.out else None
+        self.precompiler = precompile.start(cfg, info, log_path)
 
     def describe(self) -> dict:
         return {
@@ -349,27 +373,18 @@ class Trainer:
         for step in range(n):
             self.train_step(step * self.cfg.train.steps // max(n, 1))
             self.startup.mark("first_step" if step == 0 else "warmup_steps")  # the first one compiles
-        if self.val_file is not None:
-            self.await_precompile()
-            self.evaluate(0)
-            self.startup.mark("warmup_validation")  # compiles the evaluation graph (a cache hit after precompile)
         self.model.load_state_dict(model_state)
         self.optimizers = build_optimizers(self.model, self.cfg.optim)
         self.loader.load_state_dict(loader_state)
         self.startup.mark("restore")
-        if self.compiled and self.out:  # where the compile time went, by compiler stage
-            from torch._dynamo.utils import compile_times
-
-            from speedrun.rundir import atomic_write_text
-
-            atomic_write_text(self.out.path / "compile_times.txt", str(compile_times(repr="str", aggregate=True)))
 
     def await_precompile(self) -> None:
-        """Let this rank's precompile child finish filling the caches before this process compiles
-        the evaluation graph (compiling it twice at once would only slow both), then meet every rank."""
+        """Before the first validation: let this rank's precompile child finish filling the caches
+        (compiling the evaluation graph twice at once would only slow both), then meet every rank."""
         from speedrun import precompile
         from speedrun.dist import barrier
 
+        self._first_validation_pending = False
         proc, self.precompiler = self.precompiler, None
         if proc is not None:
             note = precompile.wait(proc)
@@ -378,6 +393,33 @@ class Trainer:
                 print(f"speedrun: precompile {note}", flush=True)
         if self.compiled:
             barrier()
+
+    def save_dynamo_packages(self) -> bool:
+        """Save Dynamo's packages when this process compiled a graph since the last save."""
+        graphs = compiled_graphs()
+        if graphs <= self._graphs_saved or not dynamo_cache.save(self.dynamo_packages):
+            return False
+        self._graphs_saved = graphs
+        return True
+
+    def _begin_timed_run(self) -> float:
+        """Just before the first timed step: end the cold start and return it (seconds)."""
+        self.stop_precompile()  # a child nothing waited for (no validation before this step)
+        self._first_validation_pending = False
+        if self.save_dynamo_packages():
+            self.startup.mark("dynamo_save")
+        self.startup.mark("to_first_step")  # since the last mark: the step's checks before it
+        self._cold = False
+        self._graphs_at_start = compiled_graphs()
+        if self.compiled and self.out:  # where the compile time went, by compiler stage
+            from torch._dynamo.utils import compile_times
+
+            from speedrun.rundir import atomic_write_text
+
+            atomic_write_text(self.out.path / "compile_times.txt", str(compile_times(repr="str", aggregate=True)))
+        if self.info.is_main:
+            print(f"speedrun: cold start {self.startup.describe()}", flush=True)
+        return self.startup.total()
 
     def stop_precompile(self) -> None:
         from speedrun import precompile
@@ -404,7 +446,14 @@ class Trainer:
         if not self.cfg.train.val_tokens:
             return None
         self.phase = "validation"
+        if self._first_validation_pending:
+            self.await_precompile()
+        graphs = compiled_graphs()
         loss = self.evaluate(step)
+        if self._cold:
+            self.startup.mark("first_validation")  # compiles the evaluation graph (a cache hit after precompile)
+        else:  # a graph compiled here is outside the clock: not a recompile of the timed run
+            self._graphs_in_validation += compiled_graphs() - graphs
         self.phase = "training"
         ms = clock.elapsed * 1000
         self._log({"step": step, "val_loss": loss, "train_time_ms": ms, "tokens": step * self.tokens_per_step})
@@ -422,7 +471,6 @@ class Trainer:
                   f"{self.micro_steps} micro-step(s), {d['dtype']}, attention={d['attention_backend']}, "
                   f"fp8_head={d['fp8_head']}, compile={d['compile']}", flush=True)
         self.warm_up()
-        self.stop_precompile()  # no validation in warm-up (or no warm-up): the child is of no further use
         self.guard.start()  # resuming: restore the checkpoint (after warm-up, which resets state)
         self.startup.mark("resume" if self.guard.resume_dir is not None else "start")
         self.phase = "training"
@@ -433,38 +481,40 @@ class Trainer:
 
         bar = tqdm(total=t.steps, initial=self.guard.start_step, disable=not self.progress, unit="step",
                    dynamic_ncols=True)
-        cold_start = self.startup.total()
-        self._graphs_at_start = compiled_graphs()
-        if self.info.is_main:
-            print(f"speedrun: cold start {self.startup.describe()}", flush=True)
-        clock.start()
+        cold_start = None  # process start -> first timed step, the first validation included
         for step in self.guard.steps(t.steps):
             last = step == t.steps
             if self.guard.boundary(step, clock, pending, last):
                 continue  # rolled back to the last good checkpoint; the loop goes on from there
             if last or (t.val_every and step % t.val_every == 0):
                 val_loss = self._validate(step, clock, pending, bar)
-                clock.start()
             if last:
                 break
+            if cold_start is None:
+                cold_start = self._begin_timed_run()
+            if not clock.running:
+                clock.start()
             loss = self.train_step(step)
             if t.log_every and step % t.log_every == 0:
                 pending.add(step + 1, loss, clock.approx_ms())
             bar.update(1)
         clock.stop()
         bar.close()
+        if cold_start is None:  # no step left to time (a resume at the end)
+            cold_start = self._begin_timed_run()
         return self._finish(val_loss, clock, cold_start)
 
     def _finish(self, val_loss: float | None, clock: Clock, cold_start: float) -> dict:
         t = self.cfg.train
         self.guard.close()  # the last checkpoint write, if one is in flight
+        self.save_dynamo_packages()  # graphs compiled since the first timed step (a late first validation)
         peak = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None
         summary = {
             "preset": self.cfg.name, "steps": t.steps, "final_val_loss": val_loss,
             "train_time_ms": clock.elapsed * 1000, "ms_per_step": clock.elapsed * 1000 / t.steps,
             "peak_memory_bytes": peak, "cold_start_s": cold_start,
             "cold_start_phases_s": self.startup.as_dict(),
-            "graphs_compiled_in_timed_run": compiled_graphs() - self._graphs_at_start,
+            "graphs_compiled_in_timed_run": compiled_graphs() - self._graphs_at_start - self._graphs_in_validation,
             "tokens": t.steps * self.tokens_per_step, **self.describe(),
         }
         if self.out:

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Issue 4, fifth session: warm start with Dynamo's package cache (dynamo_cache.py), the compiler imports
+# overlapped with the model build, no precompile child on a warm start, and the first validation counted
+# inside the cold start. One background queue on a 2-GPU machine, followed over two device calls.
+#   run     GPU 0: proxy212 with empty caches (cold-a), then twice on its caches (warm-a1, warm-a2), then
+#                  speedrun bench on the same caches;
+#           GPU 1: once cold-a has started timing (compiles never overlap), the same with its own caches
+#                  (cold-b, warm-b1), then the GPU tests
+#   wait S  print progress until the queue is done or S seconds passed; tar results to $OUT
+# Launch: setsid nohup bash scripts/device/session5_queue.sh run > /tmp/q.log 2>&1 &
+set -u
+source scripts/device/common.sh
+
+check_torch() {
+  python3 - <<'PY'
+import torch
+from speedrun import dynamo_cache
+print("torch", torch.__version__, "caching precompile supported:", dynamo_cache.supported())
+PY
+}
+
+summaries() {
+  python3 - <<'PY'
+import json, glob, os
+for p in sorted(glob.glob("/tmp/runs/*/summary.json")):
+    s = json.load(open(p))
+    print(os.path.basename(os.path.dirname(p)), {k: s.get(k) for k in (
+        "final_val_loss", "ms_per_step", "peak_memory_bytes", "cold_start_s", "graphs_compiled_in_timed_run",
+        "world_size")})
+    print("   phases", s.get("cold_start_phases_s"))
+PY
+}
+
+case "${1:-}" in
+  run)
+    rm -f "$RES"/*.done
+    unpack_proxy
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv > "$RES/gpus.csv"
+    check_torch > "$RES/torch-check.log" 2>&1
+    ( train 0 cold-a a fresh; train 0 warm-a1 a; train 0 warm-a2 a
+      echo "[gpu0] $(date +%T) bench"
+      env $(caches a) CUDA_VISIBLE_DEVICES=0 python3 -m speedrun.cli bench --preset proxy212 --steps 10 --repeats 3 \
+        --json "$RES/bench.json" > "$RES/bench.log" 2>&1
+      grep -E "ms/step|fraction|set-up|graphs|host syncs|rror" "$RES/bench.log"
+      touch "$RES/q0.done" ) > "$RES/q0.log" 2>&1 &
+    ( until grep -q "cold start" "$RES/cold-a.log" 2>/dev/null || [ -e "$RES/q0.done" ]; do sleep 2; done
+      train 1 cold-b b fresh; train 1 warm-b1 b
+      CUDA_VISIBLE_DEVICES=1 python3 -m pytest -m gpu -q tests/ > "$RES/gpu-tests.log" 2>&1
+      echo "[gpu1] $(date +%T) GPU tests: $(tail -1 "$RES/gpu-tests.log")"
+      touch "$RES/q1.done" ) > "$RES/q1.log" 2>&1 &
+    wait
+    summaries > "$RES/summaries.txt" 2>&1
+    touch "$RES/all.done" ;;
+  wait)
+    follow "${2:-560}" "$RES/all.done" "$RES/torch-check.log $RES/q0.log $RES/q1.log $RES/summaries.txt"
+    rc=$?
+    collect
+    exit $rc ;;
+  *) echo "usage: $0 run | wait SECONDS" >&2; exit 2 ;;
+esac
