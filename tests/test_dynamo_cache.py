@@ -77,7 +77,19 @@ def test_a_package_that_fails_to_install_is_deleted_and_compiling_goes_on(restor
         assert dynamo_cache.compile_with(packages, compile_fn) == "compiled"
     assert calls == [True, False]  # retried with the feature off
     assert not packages.path.exists() and not packages.found
+    assert "assigned grad" in dynamo_cache.failed_note(packages.path).read_text()  # later runs: not again
     assert any("could not install" in str(w.message) and str(packages.path) in str(w.message) for w in caught)
+
+
+def test_a_key_whose_package_failed_before_is_not_tried_again(restore_dynamo, monkeypatch, tmp_path):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    cfg = demo()
+    packages = dynamo_cache.enable(cfg, torch.device("cpu"), 1, 0)
+    dynamo_cache.disable(packages)
+    packages.path.parent.mkdir(parents=True)
+    dynamo_cache.failed_note(packages.path).write_text("TypeError\n")
+    assert dynamo_cache.enable(cfg, torch.device("cpu"), 1, 0) is None
+    assert torch._dynamo.config.caching_precompile is False
 
 
 def test_no_packages_no_save():

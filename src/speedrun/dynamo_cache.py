@@ -26,10 +26,20 @@ What this module adds around the prototype:
   the key's hash of every speedrun source covers that for our code, and the
   key's config part for the model's structure. Shapes, dtypes, devices and
   constants are still guarded; a guard that fails recompiles as usual.
+- **Installing outside a trace.** Unpickling a package's guards re-creates
+  sources, and torch 2.11's `ImportSource` (a module reached by an inlined
+  function's globals) installs a guard as it is created, which needs a
+  tracing context: outside one, every package of the record failed to
+  install on the H200 ("TracingContext.get() must be called within an
+  ongoing trace"). `compile_with` therefore installs inside a throwaway
+  tracing context; the guards it collects are discarded (the package's own
+  guard state is what is checked).
 - **Failure is never fatal.** A package torch cannot install raises inside
-  `torch.compile` (seen on a CPU with a package traced while parameters had
-  gradients: "assigned grad expected to be a Tensor"); `compile_with` then
-  deletes it, turns the feature off for this process and compiles afresh.
+  `torch.compile` (also seen on a CPU with a package traced while parameters
+  had gradients: "assigned grad expected to be a Tensor"); `compile_with`
+  then deletes it, leaves a `.failed` note so that later runs of the same
+  key do not try again (they start as without this module, precompile child
+  included), turns the feature off for this process and compiles afresh.
 - **Saving is explicit** (`save`): the trainer saves once its graphs exist
   (before the first timed step) and only when it compiled something new.
 
@@ -40,6 +50,7 @@ would have served after a re-trace.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import warnings
 from dataclasses import dataclass
@@ -83,6 +94,10 @@ def has_package(path: Path) -> bool:
     return path.is_dir() and any(path.glob("*/entry"))
 
 
+def failed_note(path: Path) -> Path:
+    return path.with_name(path.name + ".failed")
+
+
 def enable(cfg, device: torch.device, world_size: int, rank: int) -> DynamoPackages | None:
     """Turn caching precompile on for this process, packages in this run's folder; None when off
     (`train.dynamo_cache=false`) or unsupported. Call before `torch.compile`."""
@@ -93,6 +108,8 @@ def enable(cfg, device: torch.device, world_size: int, rank: int) -> DynamoPacka
     from speedrun.compile_cache import cache_key
 
     path = package_dir(cache_key(cfg, device, world_size), device, rank)
+    if failed_note(path).exists():  # this key's package could not be installed before: run without
+        return None
     DynamoCache.path_prefix = lambda: str(path)  # this instance only; torch's default reads its cache dir
     torch._dynamo.config.caching_precompile = True
     return DynamoPackages(path=path, found=has_package(path))
@@ -116,13 +133,26 @@ def compile_with(packages: DynamoPackages | None, compile_fn: Callable[[], T]) -
     if packages is None or not packages.found:
         return compile_fn()
     try:
-        return compile_fn()
+        with _throwaway_tracing_context():
+            return compile_fn()
     except Exception as e:  # noqa: BLE001 - any failure of the prototype: compile as if it were absent
         warnings.warn(f"dynamo cache {packages.path}: torch could not install it ({type(e).__name__}: {e}); "
                       "deleted it, compiling without it", stacklevel=2)
         disable(packages, remove=True)
+        failed_note(packages.path).write_text(f"{type(e).__name__}: {e}\n")
         packages.found = False
         return compile_fn()
+
+
+def _throwaway_tracing_context():
+    """A tracing context whose guards nobody reads (see the module docstring); a null context on a
+    torch where it cannot be made."""
+    try:
+        from torch._guards import TracingContext, tracing
+
+        return tracing(TracingContext(None))
+    except Exception:  # noqa: BLE001
+        return contextlib.nullcontext()
 
 
 def save(packages: DynamoPackages | None) -> bool:

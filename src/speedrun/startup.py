@@ -14,7 +14,6 @@ before the training clock starts, so the waits cost the timed run nothing.
 
 from __future__ import annotations
 
-import threading
 import time
 
 import torch
@@ -62,31 +61,3 @@ def compiled_graphs() -> int:
         return 0
     return int(counters["stats"].get("unique_graphs", 0))
 
-
-def _import_compiler() -> None:
-    import torch._dynamo  # noqa: F401
-    import torch._inductor.compile_fx  # noqa: F401
-    import torch._inductor.config  # noqa: F401
-    import torch._inductor.custom_graph_pass  # noqa: F401
-
-
-def import_compiler_in_background() -> threading.Thread:
-    """Start importing torch's compiler stack (Dynamo, Inductor: 3-5 s on the H200 machine) in a thread.
-
-    The trainer builds its model meanwhile; most of that is torch's C++ (initialisation, the copy
-    to the GPU), which releases the GIL, so the two overlap (on 2 CPU cores: 5.2 s one after the
-    other, 3.1 s together). Join it before compiling; an import error then surfaces in the main
-    thread's own import of the same module.
-    """
-    thread = threading.Thread(target=_ignore_errors(_import_compiler), name="speedrun-import-compiler", daemon=True)
-    thread.start()
-    return thread
-
-
-def _ignore_errors(fn):
-    def run() -> None:
-        try:
-            fn()
-        except Exception:  # noqa: BLE001 - re-raised by the main thread's own import
-            pass
-    return run

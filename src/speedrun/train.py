@@ -32,7 +32,7 @@ from speedrun.model import GPT, count_parameters
 from speedrun.optimizers import build_optimizers
 from speedrun.rundir import RunDir, default_out_dir, git_commit, git_dirty
 from speedrun import dynamo_cache
-from speedrun.startup import StartupPhases, compiled_graphs, import_compiler_in_background
+from speedrun.startup import StartupPhases, compiled_graphs
 
 
 def process_start_time() -> float:
@@ -246,11 +246,9 @@ class Trainer:
     def _build(self) -> None:
         cfg, info = self.cfg, self.info
         self.compiled = use_compile(cfg.train.compile, self.device)
-        compiler = import_compiler_in_background() if self.compiled else None  # overlaps the model build
         self.model = build_model(cfg, self.device, info.world_size, self.dtype)
         self.startup.mark("model")
         if self.compiled:
-            compiler.join()
             self._prepare_compile()
         from speedrun.compile_cache import load_for_run
         from speedrun.regional import compile_step_model
