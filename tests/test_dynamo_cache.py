@@ -33,6 +33,13 @@ def restore_dynamo(monkeypatch):
     DynamoCache.__dict__.pop("path_prefix", None)
 
 
+def test_off_before_torch_2_13_where_installing_failed(monkeypatch):
+    monkeypatch.setattr(torch, "__version__", "2.11.0+cu130")
+    assert not dynamo_cache.supported()
+    monkeypatch.setattr(torch, "__version__", "2.13.0+cpu")
+    assert dynamo_cache.supported()
+
+
 def test_off_by_config_changes_nothing(restore_dynamo):
     cfg = demo()
     cfg.train.dynamo_cache = False
@@ -118,6 +125,8 @@ def test_second_run_loads_the_packages_traces_nothing_and_trains_the_same(tmp_pa
     out1, cold, rec1 = _train(tmp_path / "cold", env)
     out2, warm, rec2 = _train(tmp_path / "warm", env)
     assert "dynamo cache: none" in out1 and "dynamo cache: found" in out2
+    assert "local compile caches: cold" in out1 and "local compile caches: warm" in out2
+    assert len(list((tmp_path / "inductor" / "speedrun-warm").iterdir())) == 1  # the first run's warm note
     assert "dynamo_save" in cold["cold_start_phases_s"] and "dynamo_save" not in warm["cold_start_phases_s"]
     # the warm run compiled no graph at all, before or after its first timed step
     assert warm["graphs_compiled_in_timed_run"] == 0 and cold["graphs_compiled_in_timed_run"] == 0

@@ -38,6 +38,7 @@ def test_started_only_on_gpu_ranks_and_when_wanted():
     gpu0, gpu1 = DistInfo(0, 2, 0, torch.device("cuda", 0)), DistInfo(1, 2, 1, torch.device("cuda", 1))
     assert not precompile.wanted(cfg, cpu) and precompile.start(cfg, cpu, None) is None
     assert precompile.wanted(cfg, gpu0) and precompile.wanted(cfg, gpu1)
+    assert precompile.start(cfg, gpu0, None, warm=True) is None  # warm caches: nothing for a child to do
     cfg.train.precompile = False
     assert not precompile.wanted(cfg, gpu0) and not precompile.wanted(cfg, gpu1)
 

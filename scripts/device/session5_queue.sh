@@ -10,6 +10,9 @@
 #           the compiler-import thread removed: GPU 0: cold-a, warm-a1, then warm-a2 cut to 20 steps (the warm
 #           start is the same; the loss bar is checked by the full runs); GPU 1, once cold-a times: cold-b,
 #           warm-b1. No GPU tests (no kernel changed since the last session's passing run).
+#   run3    the final code (torch 2.11: no Dynamo packages; warm note: no child on a warm start), one GPU, in
+#           the foreground: cold-a, warm-a1, warm-a2, each cut to 20 steps (cold start and the first
+#           validation are the same as in a full run; the loss bar was checked by run2's full runs)
 #   wait S  print progress until the queue is done or S seconds passed; tar results to $OUT
 # Launch: setsid nohup bash scripts/device/session5_queue.sh run > /tmp/q.log 2>&1 &
 set -u
@@ -69,10 +72,18 @@ case "${1:-}" in
     wait
     summaries > "$RES/summaries.txt" 2>&1
     touch "$RES/all.done" ;;
+  run3)
+    unpack_proxy
+    check_torch > "$RES/torch-check.log" 2>&1; cat "$RES/torch-check.log"
+    short=$RES/short.txt; echo "--set train.steps=20" > "$short"
+    export TRAIN_EXTRA_FILE=$short
+    train 0 cold-a a fresh; train 0 warm-a1 a; train 0 warm-a2 a
+    summaries | tee "$RES/summaries.txt"
+    collect ;;
   wait)
     follow "${2:-560}" "$RES/all.done" "$RES/torch-check.log $RES/q0.log $RES/q1.log $RES/summaries.txt"
     rc=$?
     collect
     exit $rc ;;
-  *) echo "usage: $0 run | run2 | wait SECONDS" >&2; exit 2 ;;
+  *) echo "usage: $0 run | run2 | run3 | wait SECONDS" >&2; exit 2 ;;
 esac

@@ -131,6 +131,16 @@ def cache_key(cfg, device: torch.device | str, world_size: int = 1) -> str:
     return key_from_parts(key_parts(cfg, device, world_size))
 
 
+def local_path(folder: str, cfg, device: torch.device, world_size: int, rank: int) -> Path:
+    """`<torch's Inductor cache folder>/<folder>/<run key>-<device>-r<rank>`: speedrun's own entries
+    beside torch's local caches (they live and die with them), one per run key, device and rank."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir as inductor_cache_dir
+
+    index = "" if device.index is None else str(device.index)
+    key = cache_key(cfg, device, world_size)
+    return Path(inductor_cache_dir()) / folder / f"{key}-{device.type}{index}-r{rank}"
+
+
 def cache_dir() -> Path:
     from speedrun.paths import cache_root
 

@@ -26,14 +26,16 @@ What this module adds around the prototype:
   the key's hash of every speedrun source covers that for our code, and the
   key's config part for the model's structure. Shapes, dtypes, devices and
   constants are still guarded; a guard that fails recompiles as usual.
-- **Installing outside a trace.** Unpickling a package's guards re-creates
-  sources, and torch 2.11's `ImportSource` (a module reached by an inlined
-  function's globals) installs a guard as it is created, which needs a
-  tracing context: outside one, every package of the record failed to
-  install on the H200 ("TracingContext.get() must be called within an
-  ongoing trace"). `compile_with` therefore installs inside a throwaway
-  tracing context; the guards it collects are discarded (the package's own
-  guard state is what is checked).
+- **Only where it works: torch >= 2.13.** On torch 2.11 (the H200
+  machine's) every package of the record failed to install, twice for two
+  different reasons in unpickling its guards: `ImportSource` (a module
+  reached by an inlined function's globals) installs a guard as it is
+  created, which needs a tracing context ("TracingContext.get() must be
+  called within an ongoing trace"); inside a throwaway tracing context the
+  next failure was "DefaultsSource.__init__() takes from 3 to 4 positional
+  arguments but 6 were given". `compile_with` keeps the throwaway context
+  (the guards it collects are discarded; the package's own guard state is
+  what is checked) and `supported()` is False before 2.13.
 - **Failure is never fatal.** A package torch cannot install raises inside
   `torch.compile` (also seen on a CPU with a package traced while parameters
   had gradients: "assigned grad expected to be a Tensor"); `compile_with`
@@ -71,8 +73,15 @@ class DynamoPackages:
     found: bool
 
 
+MIN_TORCH = "2.13"
+
+
 def supported() -> bool:
-    """True when this torch has the caching-precompile prototype (torch >= 2.8)."""
+    """True on a torch where the prototype installs our packages: 2.13 (tested on the CPU). On 2.11
+    (the H200 machine's) every package of the record failed to install, for two torch bugs in
+    unpickling guards (see the module docstring); 2.12 is untested, so it is left off there too."""
+    if torch.torch_version.TorchVersion(torch.__version__) < MIN_TORCH:
+        return False
     try:
         import torch._dynamo.config as dynamo_config
         from torch._dynamo.package import DynamoCache  # noqa: F401
@@ -82,12 +91,11 @@ def supported() -> bool:
     return hasattr(dynamo_config, "caching_precompile") and hasattr(PrecompileContext, "save_to_dynamo_cache")
 
 
-def package_dir(key: str, device: torch.device, rank: int) -> Path:
+def package_dir(cfg, device: torch.device, world_size: int, rank: int) -> Path:
     """The folder for one run key, device and rank, inside torch's Inductor cache folder."""
-    from torch._inductor.runtime.cache_dir_utils import cache_dir
+    from speedrun.compile_cache import local_path
 
-    index = "" if device.index is None else str(device.index)
-    return Path(cache_dir()) / FOLDER / f"{key}-{device.type}{index}-r{rank}"
+    return local_path(FOLDER, cfg, device, world_size, rank)
 
 
 def has_package(path: Path) -> bool:
@@ -105,9 +113,7 @@ def enable(cfg, device: torch.device, world_size: int, rank: int) -> DynamoPacka
         return None
     from torch._dynamo.package import DynamoCache
 
-    from speedrun.compile_cache import cache_key
-
-    path = package_dir(cache_key(cfg, device, world_size), device, rank)
+    path = package_dir(cfg, device, world_size, rank)
     if failed_note(path).exists():  # this key's package could not be installed before: run without
         return None
     DynamoCache.path_prefix = lambda: str(path)  # this instance only; torch's default reads its cache dir

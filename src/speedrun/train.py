@@ -226,7 +226,7 @@ class Trainer:
         self.micro_steps = cfg.train.batch_seqs // info.world_size
         self.tokens_per_step = cfg.train.batch_seqs * cfg.train.seq_len
         self._windows: dict[int, torch.Tensor] = {}
-        self.precompiler, self.dynamo_packages = None, None
+        self.precompiler, self.dynamo_packages, self.warm_note = None, None, None
         self._first_validation_pending = True  # it waits for the precompile child and meets the other ranks
         self._cold = True  # until the first timed step: marks go to the cold start's phases
         self._graphs_saved = 0  # Dynamo's graph count when its packages were last saved
@@ -246,9 +246,7 @@ class Trainer:
     def _build(self) -> None:
         cfg, info = self.cfg, self.info
         self.compiled = use_compile(cfg.train.compile, self.device)
-        self.model = build_model(cfg, self.device, info.world_size, self.dtype)
-        self.startup.mark("model")
-        if self.compiled:
+        if self.compiled:  # first, so that a precompile child starts as early as it can
             self._prepare_compile()
         from speedrun.compile_cache import load_for_run
         from speedrun.regional import compile_step_model
@@ -256,6 +254,8 @@ class Trainer:
         log = print if info.is_main else None
         self.compile_cache = load_for_run(cfg, self.device, info.world_size, log) if self.compiled else "not compiled"
         self.startup.mark("compile_cache")
+        self.model = build_model(cfg, self.device, info.world_size, self.dtype)
+        self.startup.mark("model")
         self.step_model = dynamo_cache.compile_with(  # whole model or regional
             self.dynamo_packages, lambda: compile_step_model(self.model, cfg.train.compile, self.compiled))
         self.optimizers = build_optimizers(self.model, cfg.optim)
@@ -266,8 +266,8 @@ class Trainer:
                                   info.world_size, self.device, bos_align=cfg.train.bos_align)
 
     def _prepare_compile(self) -> None:
-        """Key torch's caches, switch on Dynamo's package cache and, when that holds no package
-        for this run yet (a cold start), start the precompile child."""
+        """Key torch's caches, switch on Dynamo's package cache and, on a cold start (no package and
+        no warm note for this run's key), start the precompile child."""
         from speedrun import precompile
         from speedrun.compile_cache import key_local_caches
 
@@ -276,10 +276,12 @@ class Trainer:
         self.dynamo_packages = packages = dynamo_cache.enable(cfg, self.device, info.world_size, info.rank)
         if info.is_main and packages is not None:
             print(f"speedrun: dynamo cache: {'found' if packages.found else 'none'} ({packages.path})", flush=True)
-        if packages is not None and packages.found:
-            return  # a warm start: the packages hold the evaluation graph too, the child would add nothing
+        self.warm_note = precompile.warm_note(cfg, info)
+        warm = (packages is not None and packages.found) or self.warm_note.exists()
+        if info.is_main:
+            print(f"speedrun: local compile caches: {'warm (no precompile child)' if warm else 'cold'}", flush=True)
         log_path = self.out.path / "precompile.log" if self.out else None
-        self.precompiler = precompile.start(cfg, info, log_path)
+        self.precompiler = precompile.start(cfg, info, log_path, warm=warm)
 
     def describe(self) -> dict:
         return {
@@ -448,6 +450,9 @@ class Trainer:
             self.await_precompile()
         graphs = compiled_graphs()
         loss = self.evaluate(step)
+        if self.warm_note is not None and not self.warm_note.exists():  # the caches now hold both graphs
+            self.warm_note.parent.mkdir(parents=True, exist_ok=True)
+            self.warm_note.touch()
         if self._cold:
             self.startup.mark("first_validation")  # compiles the evaluation graph (a cache hit after precompile)
         else:  # a graph compiled here is outside the clock: not a recompile of the timed run
