@@ -37,3 +37,14 @@ train() {  # train GPU RUN CACHE [fresh]: proxy212 into /tmp/runs/RUN, log $RES/
     --out "/tmp/runs/$2" > "$RES/$2.log" 2>&1
   echo "[gpu$1] $(date +%T) end $2: exit $? | $(grep -E 'cold start' "$RES/$2.log" | head -1) | $(grep -E 'precompile|final val_loss|rror|warning' "$RES/$2.log" | tail -3 | tr '\n' ' ')"
 }
+summaries() {  # one line per run folder under /tmp/runs: the summary's headline figures and its phases
+  python3 - <<'PY'
+import json, glob, os
+for p in sorted(glob.glob("/tmp/runs/*/summary.json")):
+    s = json.load(open(p))
+    print(os.path.basename(os.path.dirname(p)), {k: s.get(k) for k in (
+        "final_val_loss", "ms_per_step", "peak_memory_bytes", "cold_start_s", "graphs_compiled_in_timed_run",
+        "world_size")})
+    print("   phases", s.get("cold_start_phases_s"))
+PY
+}

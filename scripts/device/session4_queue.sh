@@ -56,17 +56,6 @@ stage_final() {
   wait
 }
 
-summaries() {
-  python3 - <<'PY'
-import json, glob, os
-for p in sorted(glob.glob("/tmp/runs/*/summary.json")):
-    s = json.load(open(p))
-    print(os.path.basename(os.path.dirname(p)), {k: s.get(k) for k in (
-        "final_val_loss", "ms_per_step", "peak_memory_bytes", "cold_start_s", "graphs_compiled_in_timed_run",
-        "world_size")})
-    print("   phases", s.get("cold_start_phases_s"))
-PY
-}
 
 case "${1:-}" in
   run)
