@@ -40,6 +40,31 @@ def test_block_selection_matches_dense_reference(seed):
         assert torch.equal(block_mask_from_structure(docs, w, bs), dense_mask(docs, w, bs)), (seed, w)
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_query_side_blocks_equal_torch_transpose(seed):
+    """`flex_block_mask` builds the backward's per-key-block lists itself (no vmap
+    to trace); they must be exactly what `BlockMask.from_kv_blocks` computes."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    from speedrun.attention import flex_block_mask
+
+    gen = torch.Generator().manual_seed(seed)
+    bs = 16
+    docs = document_ids(random_tokens(bs * 20, [0.0, 0.02, 0.15][seed], gen))
+    s = block_structure(docs, bs)
+    for w in [1, 2, 3, 7, 40]:
+        wt = torch.tensor(w, dtype=torch.int32)
+        got = flex_block_mask(s, wt, bs)
+        partial, full = window_counts(s, wt)
+        ref = BlockMask.from_kv_blocks(partial[None, None].contiguous(), s.partial_idx[None, None].contiguous(),
+                                       full[None, None].contiguous(), s.full_idx[None, None].contiguous(),
+                                       BLOCK_SIZE=bs)
+        for name in ("q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices",
+                     "kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices"):
+            a, b = getattr(got, name), getattr(ref, name)
+            assert a.dtype == b.dtype and a.stride() == b.stride() and torch.equal(a, b), (seed, w, name)
+
+
 def test_dense_mask_rules():
     bs = 4
     tok = torch.tensor([EOT, 1, 2, 3, 4, 5, EOT, 6, 7, 8, 9, 10, 11, 12, 13, 14])

@@ -24,7 +24,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from speedrun.adam import DistAdam
-from speedrun.dist import shutdown
+from speedrun.dist import all_ranks, shutdown
 from speedrun.muon import Collectives, Muon
 
 MUON_SHAPES = [(16, 32)] * 3 + [(4, 16, 16)] + [(32, 16)] + [(24, 24)] * 4 + [(6, 12)] * 2
@@ -105,6 +105,7 @@ def _worker(rank, world_size, backend, init_file, out_dir):
     try:
         result = run_all(lambda s, i, shape: _grad(s, rank, i, shape), device)
         result["probe"] = collectives_probe(rank, world_size, device)
+        result["all_ranks"] = [all_ranks(True, device), all_ranks(rank != world_size - 1, device)]
         torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
         shutdown(clean=True)
     finally:
@@ -163,6 +164,13 @@ def test_collectives_average_scatter_and_gather(gloo_results):
         torch.testing.assert_close(scattered, (base * mean_factor)[2 * rank:2 * rank + 2])
         expected = torch.arange(world_size, dtype=torch.float32).repeat_interleave(2)[:, None].expand(-1, 3)
         torch.testing.assert_close(gathered, expected)
+
+
+@pytest.mark.distributed
+def test_all_ranks_agree(gloo_results):
+    """The warm-start decision: true only when true on every rank, and the same answer on each."""
+    _, results = gloo_results
+    assert all(r["all_ranks"] == [True, False] for r in results)
 
 
 @pytest.mark.distributed

@@ -132,6 +132,8 @@ def test_second_run_loads_the_packages_traces_nothing_and_trains_the_same(tmp_pa
     assert warm["graphs_compiled_in_timed_run"] == 0 and cold["graphs_compiled_in_timed_run"] == 0
     assert warm["cold_start_phases_s"]["first_step"] < cold["cold_start_phases_s"]["first_step"] / 3
     assert "first_validation" in warm["cold_start_phases_s"]  # the step-0 validation is inside the cold start
+    # warm: one warm-up step (train.warmup_steps_warm) instead of train.warmup_steps=2
+    assert "warmup_steps" in cold["cold_start_phases_s"] and "warmup_steps" not in warm["cold_start_phases_s"]
     losses1 = [r.get("train_loss", r.get("val_loss")) for r in rec1 if "event" not in r]
     losses2 = [r.get("train_loss", r.get("val_loss")) for r in rec2 if "event" not in r]
     assert len(losses1) == len(losses2) >= 5

@@ -65,11 +65,29 @@ _INTERPRETED = textwrap.dedent(r'''
     le, ex, ew = run("fused", x, w, t, 1 / 8)
     out["compiled"] = dict(loss_rel=abs(got.item() * 8 - le.item()) / le.item(), gx_rel=rel(cx, ex), gw_rel=rel(cw, ew))
 
-    # without grad: losses only, no gradient buffer; backward of such a forward is refused
+    # without grad: the loss only, no gradient buffer; backward of such a forward is refused
     with torch.no_grad():
-        losses, grad, _, _ = torch.ops.speedrun.fp8_softcap_ce(x, w, t, 30.0, "sigmoid", 32**0.5 / 448, 2.0**-9, 1 / 448, False)
+        loss, grad, _, _ = torch.ops.speedrun.fp8_softcap_ce(x, w, t, 30.0, "sigmoid", 32**0.5 / 448, 2.0**-9, 1 / 448, False)
     out["nograd_grad_numel"] = grad.numel()
-    out["nograd_loss_equal"] = bool(torch.isclose(losses.sum(), le, rtol=1e-6).item())
+    out["nograd_loss_equal"] = bool(torch.isclose(loss, le, rtol=1e-6).item())
+
+    # the e5m2 gradient the CE kernel writes: exactly torch's cast of its own float32 gradient / grad_s,
+    # but for values on a rounding tie after the product (none expected: a handful of elements at most)
+    z, _, _ = fp8._forward_impl(x, w, 32**0.5 / 448, 2.0**-9)
+    _, g32 = sc.launch(z, t, 30.0, "sigmoid", True, torch.float32)
+    _, g8 = sc.launch(z, t, 30.0, "sigmoid", True, torch.float8_e5m2, 448.0)
+    v = g32 * 448.0
+    ref8 = v.to(torch.float8_e5m2)
+    # Triton's interpreter rounds a float8 down-cast by its first cut-off bit and drops the carry
+    # into the exponent (1.93 becomes 1.0, not 2.0); the GPU's conversion does not. So compare
+    # where the rounding stays in v's binade and v is a normal e5m2 number (>= 2^-14)
+    same_binade = torch.floor(torch.log2(ref8.float().abs())) == torch.floor(torch.log2(v.abs()))
+    comparable = same_binade & (v.abs() >= 2.0**-14)
+    differ = g8.view(torch.uint8) != ref8.view(torch.uint8)
+    out["e5m2_dtype"] = str(g8.dtype)
+    out["e5m2_comparable"] = int(comparable.sum())
+    out["e5m2_nonzero"] = int((v != 0).sum())
+    out["e5m2_bytes_differing"] = int((differ & comparable).sum())
     print("RESULT " + json.dumps(out))  # read by interpreter_helpers.run_interpreted
 ''')
 
@@ -81,14 +99,16 @@ def interpreted():
 
 def test_fused_equals_split_ops(interpreted):
     """Same z, same kernel: equal losses. The gradients differ only in rounding:
-    the split path rounds dL/dz * g and then dL/dz * g / grad_s to bfloat16
-    before the e5m2 cast, the fused path casts the float32 product once. So they
-    are close (a few e5m2 steps in a few elements: measured 3e-3 relative, bar 1e-2), and the
-    fused path is no further from the bfloat16 head than the split one."""
+    the split path rounds dL/dz to bfloat16, then dL/dz * g and dL/dz * g / grad_s,
+    before the e5m2 cast; the fused path casts the float32 dL/dz / grad_s once and
+    applies g in the products' scale. So they are close (a few e5m2 steps in a few
+    elements; with an upstream gradient that is not a power of two the split path's
+    extra roundings cost it more: measured 1.1e-2 and 6.7e-2 relative, bar 0.1), and
+    the fused path is no further from the bfloat16 head than the split one."""
     for case in interpreted["cases"]:
         assert case["loss_equal"], case
         assert case["dtypes"] == ["torch.bfloat16", "torch.float32"], case
-        assert case["gx_rel_split"] < 1e-2 and case["gw_rel_split"] < 1e-2, case
+        assert case["gx_rel_split"] < 0.1 and case["gw_rel_split"] < 0.1, case
         assert case["gx_rel_bf16"] < 1.2 * case["gx_rel_split_bf16"] + 1e-3, case
         assert case["gw_rel_bf16"] < 1.2 * case["gw_rel_split_bf16"] + 1e-3, case
 
@@ -103,6 +123,14 @@ def test_fused_compiles_whole_and_without_grad(interpreted):
     c = interpreted["compiled"]
     assert c["loss_rel"] < 1e-6 and c["gx_rel"] < 1e-6 and c["gw_rel"] < 1e-6, c
     assert interpreted["nograd_grad_numel"] == 0 and interpreted["nograd_loss_equal"]
+
+
+def test_kernel_writes_the_e5m2_gradient(interpreted):
+    """The fused op's backward operand comes straight from the CE kernel: e5m2 of dL/dz / grad_s."""
+    r = interpreted
+    assert r["e5m2_dtype"] == "torch.float8_e5m2"
+    assert r["e5m2_comparable"] > 0.8 * r["e5m2_nonzero"] > 800, r  # most elements, of a real gradient
+    assert r["e5m2_bytes_differing"] <= 3, r  # only exact ties may round apart (the GPU test: none)
 
 
 def test_path_choice():
@@ -144,3 +172,22 @@ def test_gpu_fused_head_matches_split_at_record_size(cuda):
     print("fused vs split: loss", (lf - ls).abs().item(), "grad_x rel", rel(fx, sx), "grad_w rel", rel(fw, sw))
     assert abs(lf.item() - ls.item()) / ls.item() < 1e-5
     assert rel(fx, sx) < 3e-2 and rel(fw, sw) < 3e-2
+
+
+@pytest.mark.gpu
+def test_gpu_kernel_e5m2_gradient_is_torchs_cast(cuda):
+    """At the record's size the CE kernel's e5m2 gradient is bit for bit torch's RTNE cast of its own
+    float32 gradient x 1/grad_s (the interpreter's rounding flaw does not exist on the GPU)."""
+    pytest.importorskip("triton")
+    from speedrun import fp8, softcap_ce as sc
+    if not fp8.fp8_supported(cuda):
+        pytest.skip("GPU without FP8 matrix products")
+    g = torch.Generator("cuda").manual_seed(1)
+    N, V = 8192, 50304
+    z = (torch.randn(N, V, generator=g, device="cuda") * 4).bfloat16()
+    t = torch.randint(0, 50257, (N,), generator=g, device="cuda")
+    _, g32 = sc.launch(z, t, 30.0, "sigmoid", True, torch.float32)
+    _, g8 = sc.launch(z, t, 30.0, "sigmoid", True, torch.float8_e5m2, 1 / fp8.GRAD_SCALE)
+    ref = (g32 * (1 / fp8.GRAD_SCALE)).to(torch.float8_e5m2)
+    assert (ref.float() != 0).sum() > N * V // 4
+    assert torch.equal(g8.view(torch.uint8), ref.view(torch.uint8))

@@ -128,6 +128,10 @@ class TrainConfig:
     val_seq_len: int = 4 * 64 * 1024  # tokens per rank per validation forward
     val_every: int = 125
     warmup_steps: int = 3  # untimed warm-up steps (the first compiles), then state restored; the reference ran 10
+    # warm-up steps when this run's compiled graphs are already in the local caches (a warm note, or
+    # Dynamo packages, on every rank): an earlier run with the same key ran the full warm-up. At least
+    # 2 with health steps (both graphs must load before the clock); never more than warmup_steps
+    warmup_steps_warm: int = 1
     # compile the evaluation graph and the FP8 head in a second process during the first warm-up step
     # (precompile.py); only where the step is compiled on a GPU. Speed only: nothing it computes is used.
     precompile: bool = True
@@ -315,6 +319,7 @@ def validate(cfg: RunConfig, world_size: int = 1) -> None:
         (t.val_every >= 0, "train.val_every", f"must be >= 0, got {t.val_every}"),
         (t.val_tokens >= 0, "train.val_tokens", f"must be >= 0, got {t.val_tokens}"),
         (t.warmup_steps >= 0, "train.warmup_steps", f"must be >= 0, got {t.warmup_steps}"),
+        (t.warmup_steps_warm >= 1, "train.warmup_steps_warm", f"must be >= 1, got {t.warmup_steps_warm}"),
         (m.num_heads * m.head_dim > 0, "model.num_heads", "heads and head_dim must be > 0"),
         (m.head_dim % 4 == 0, "model.head_dim", f"must be a multiple of 4, got {m.head_dim}"),
         (m.num_layers >= 1, "model.num_layers", f"must be >= 1, got {m.num_layers}"),

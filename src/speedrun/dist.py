@@ -45,6 +45,15 @@ def barrier() -> None:
         dist.barrier()
 
 
+def all_ranks(flag: bool, device: torch.device) -> bool:
+    """True when `flag` is True on every rank (one all-reduce; just `flag` in a single process)."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return flag
+    t = torch.tensor(int(flag), device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return bool(t.item())
+
+
 def all_reduce_mean(t: torch.Tensor) -> torch.Tensor:
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(t, op=dist.ReduceOp.SUM)

@@ -47,13 +47,9 @@ def _forward_impl(x: Tensor, w: Tensor, x_s: float, w_s: float) -> tuple[Tensor,
 
 
 def _backward_impl(
-    g: Tensor, x_f8: Tensor, w_f8: Tensor, x_s: float, w_s: float, grad_s: float, rows: Tensor | None = None
+    g: Tensor, x_f8: Tensor, w_f8: Tensor, x_s: float, w_s: float, grad_s: float
 ) -> tuple[Tensor, Tensor]:
-    """grad_x, grad_w of the FP8 product for upstream gradient g, or g * rows[:, None]
-    when `rows` (N,) is given (the fused head's per-row loss gradients, folded
-    into the e5m2 cast so the scaled (N, M) gradient is never written)."""
-    if rows is not None:
-        g = g.float() * rows.float().unsqueeze(1)
+    """grad_x, grad_w of the FP8 product for upstream gradient g."""
     g_f8 = g.div(grad_s).to(torch.float8_e5m2)
     grad_x = torch._scaled_mm(
         g_f8, w_f8.T.contiguous().T, out_dtype=torch.bfloat16,
@@ -62,6 +58,24 @@ def _backward_impl(
     grad_w = torch._scaled_mm(
         x_f8.T.contiguous(), g_f8.T.contiguous().T, out_dtype=torch.float32,
         scale_a=_scale(g, x_s), scale_b=_scale(g, grad_s), use_fast_accum=False,
+    ).T
+    return grad_x, grad_w
+
+
+def backward_prequantized(
+    g_f8: Tensor, upstream: Tensor, x_f8: Tensor, w_f8: Tensor, x_s: float, w_s: float, grad_s: float
+) -> tuple[Tensor, Tensor]:
+    """grad_x, grad_w of the FP8 product for the upstream gradient g_f8 * grad_s * upstream, where
+    g_f8 (N, M) is already e5m2 and `upstream` a 0-d tensor, folded into the products' scale
+    (the fused head: `head.fp8_softcap_ce`)."""
+    g_scale = upstream.float() * grad_s
+    grad_x = torch._scaled_mm(
+        g_f8, w_f8.T.contiguous().T, out_dtype=torch.bfloat16,
+        scale_a=g_scale, scale_b=_scale(g_f8, w_s), use_fast_accum=False,
+    )
+    grad_w = torch._scaled_mm(
+        x_f8.T.contiguous(), g_f8.T.contiguous().T, out_dtype=torch.float32,
+        scale_a=_scale(g_f8, x_s), scale_b=g_scale, use_fast_accum=False,
     ).T
     return grad_x, grad_w
 

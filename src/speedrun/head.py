@@ -9,11 +9,17 @@ backward reads it once more to cast it to e5m2. At the record's 49,152 x
 50,304 bfloat16 that is about 5 GB a sweep.
 
 `fp8_softcap_ce` is one custom op for the whole head when FP8 and the Triton
-kernel are both in use: its forward runs the FP8 product and the CE kernel
-(z never leaves the op), and its backward folds the upstream gradient of each
-row's loss into the e5m2 cast of the saved dL/dz inside the compiled FP8
-backward, so the scaled gradient is never written. Same math as the two-op
-path (a test holds them together), two fewer sweeps.
+kernel are both in use. Its forward runs the FP8 product and the CE kernel
+(z never leaves the op), and the CE kernel writes dL/dz already divided by
+the gradient's scale and cast to e5m2: the backward's FP8 operand, one byte
+an element, so no bfloat16 gradient is written or read again. The op returns
+the *summed* loss, so its upstream gradient is one scalar g, and
+(dL/dz * g) / grad_s in e5m2 becomes (dL/dz / grad_s) in e5m2 with g folded
+into the FP8 products' scale. The backward then only makes the transposed
+e5m2 copy that grad_w's product needs and runs the two products. Same
+equations as the two-op path (a test holds them together); the roundings
+differ: one e5m2 rounding of the float32 gradient instead of bfloat16
+roundings of dL/dz * g before it.
 
 `head_loss` picks the path: the fused op when `use_fp8` and the CE kernel
 resolves to "triton"; otherwise the two ops (each with its own reference).
@@ -49,59 +55,59 @@ def head_loss(x: Tensor, w: Tensor, targets: Tensor, cap: float, form: str, ce_i
     x_s = x_scale(x.shape[-1])
     form = "none" if not cap else form
     want_grad = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)
-    losses = torch.ops.speedrun.fp8_softcap_ce(
+    return torch.ops.speedrun.fp8_softcap_ce(
         flat, w.contiguous(), targets.reshape(-1), float(cap), form, x_s, fp8.W_SCALE, fp8.GRAD_SCALE, want_grad
     )[0]
-    return losses.sum()
 
 
 @torch.library.custom_op("speedrun::fp8_softcap_ce", mutates_args=())
 def fp8_softcap_ce(
     x: Tensor, w: Tensor, targets: Tensor, cap: float, form: str, x_s: float, w_s: float, grad_s: float, want_grad: bool
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Per-row losses (N,) float32, dL_i/dz (N, M) bfloat16 ((0,) without want_grad), and the FP8 operands."""
+    """The summed loss (0-d float32), dL/dz / grad_s (N, M) in float8_e5m2 ((0,) without want_grad),
+    and the FP8 operands of the product."""
     z, x_f8, w_f8 = fp8._compiled(fp8._forward_impl, x)(x, w, x_s, w_s)
-    losses, grad = softcap_ce.launch(z, targets, cap, form, want_grad)
-    return losses, grad, x_f8, w_f8
+    losses, g_f8 = softcap_ce.launch(z, targets, cap, form, want_grad, torch.float8_e5m2, 1.0 / grad_s)
+    return losses.sum(), g_f8, x_f8, w_f8
 
 
 @fp8_softcap_ce.register_fake
 def _(x, w, targets, cap, form, x_s, w_s, grad_s, want_grad):
     N, M = x.shape[0], w.shape[0]
-    losses = x.new_empty((N,), dtype=torch.float32)
-    grad = x.new_empty((N, M) if want_grad else (0,), dtype=torch.bfloat16)
-    return losses, grad, x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
+    loss = x.new_empty((), dtype=torch.float32)
+    g_f8 = x.new_empty((N, M) if want_grad else (0,), dtype=torch.float8_e5m2)
+    return loss, g_f8, x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
 
 
 def _setup_context(ctx, inputs, output):
-    _, grad, x_f8, w_f8 = output
-    ctx.mark_non_differentiable(grad, x_f8, w_f8)
-    ctx.save_for_backward(grad, x_f8, w_f8)
+    _, g_f8, x_f8, w_f8 = output
+    ctx.mark_non_differentiable(g_f8, x_f8, w_f8)
+    ctx.save_for_backward(g_f8, x_f8, w_f8)
     ctx.scales = inputs[5:8]
     ctx.want_grad = inputs[8]
 
 
-def _backward(ctx, g_losses, *_):
+def _backward(ctx, g_loss, *_):
     if not ctx.want_grad:
         raise RuntimeError("fp8_softcap_ce: the forward ran without a gradient (no grad mode or no input required grad)")
-    grad, x_f8, w_f8 = ctx.saved_tensors
-    grad_x, grad_w = torch.ops.speedrun.fp8_mm_backward_rows(grad, g_losses, x_f8, w_f8, *ctx.scales)
+    g_f8, x_f8, w_f8 = ctx.saved_tensors
+    grad_x, grad_w = torch.ops.speedrun.fp8_mm_backward_prequantized(g_f8, g_loss, x_f8, w_f8, *ctx.scales)
     return grad_x, grad_w, None, None, None, None, None, None, None
 
 
 fp8_softcap_ce.register_autograd(_backward, setup_context=_setup_context)
 
 
-@torch.library.custom_op("speedrun::fp8_mm_backward_rows", mutates_args=())
-def fp8_mm_backward_rows(
-    g: Tensor, rows: Tensor, x_f8: Tensor, w_f8: Tensor, x_s: float, w_s: float, grad_s: float
+@torch.library.custom_op("speedrun::fp8_mm_backward_prequantized", mutates_args=())
+def fp8_mm_backward_prequantized(
+    g_f8: Tensor, upstream: Tensor, x_f8: Tensor, w_f8: Tensor, x_s: float, w_s: float, grad_s: float
 ) -> tuple[Tensor, Tensor]:
-    """The FP8 backward for upstream gradient g * rows[:, None]."""
-    return fp8._compiled(fp8._backward_impl, g)(g.contiguous(), x_f8, w_f8, x_s, w_s, grad_s, rows.contiguous())
+    """The FP8 backward for the gradient g_f8 * grad_s * upstream (a 0-d tensor)."""
+    return fp8._compiled(fp8.backward_prequantized, g_f8)(g_f8, upstream, x_f8, w_f8, x_s, w_s, grad_s)
 
 
-@fp8_mm_backward_rows.register_fake
-def _(g, rows, x_f8, w_f8, *_):
+@fp8_mm_backward_prequantized.register_fake
+def _(g_f8, upstream, x_f8, w_f8, *_):
     grad_x = x_f8.new_empty(x_f8.shape, dtype=torch.bfloat16)
     grad_w = w_f8.new_empty((w_f8.shape[1], w_f8.shape[0]), dtype=torch.float32).T  # same strides as the op
     return grad_x, grad_w

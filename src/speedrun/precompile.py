@@ -119,9 +119,9 @@ def warm_head(model, cfg, device: torch.device) -> None:
         _, grad, x_f8, w_f8 = torch.ops.speedrun.fp8_softcap_ce(
             x, w.contiguous(), targets, float(cfg.model.logit_softcap), form,
             head.x_scale(x.shape[-1]), fp8.W_SCALE, fp8.GRAD_SCALE, True)
-        rows = torch.full((x.shape[0],), 1.0 / cfg.train.seq_len, device=device)
+        upstream = torch.full((), 1.0 / cfg.train.batch_seqs, device=device)
         scales = (head.x_scale(x.shape[-1]), fp8.W_SCALE, fp8.GRAD_SCALE)
-        torch.ops.speedrun.fp8_mm_backward_rows(grad, rows, x_f8, w_f8, *scales)
+        torch.ops.speedrun.fp8_mm_backward_prequantized(grad, upstream, x_f8, w_f8, *scales)
 
 
 def warm_eval(step_model, model, cfg, device: torch.device, dtype: torch.dtype) -> None:

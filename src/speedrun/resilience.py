@@ -41,7 +41,7 @@ from speedrun.health import Fault, HealthMonitor, LossJudge, weights_finite
 MAY_CHANGE = tuple(f"train.{n}" for n in (
     "checkpoint_every_steps", "checkpoint_every_minutes", "health_every", "spike_factor", "on_fault",
     "max_recoveries", "recover_lr_factor", "inject_fault", "log_every", "sample_tokens", "val_every",
-    "warmup_steps", "compile")) + ("data.data_dir", "attention.backend")
+    "warmup_steps", "warmup_steps_warm", "compile")) + ("data.data_dir", "attention.backend")
 
 
 # ---------------------------------------------------------------- command line
@@ -160,7 +160,7 @@ class RunGuard:
         loader = self.tr.loader
         if not self.active:  # warm-up: its last step runs the health hooks, so both graphs compile untimed
             self._warm_steps += 1
-            self.health.force = bool(self.t.health_every) and self._warm_steps == self.t.warmup_steps
+            self.health.force = bool(self.t.health_every) and self._warm_steps == self.tr.warmup_count
             return loader.next_step()
         while self.batches in self.skip:
             loader.next_step()

@@ -134,7 +134,7 @@ def _build_kernel():
 
     @triton.jit
     def _softcap_ce_kernel(
-        Z, T, LOSS, GRAD, stride_z, stride_g, cap, inv_scale,
+        Z, T, LOSS, GRAD, stride_z, stride_g, cap, inv_scale, grad_mul,
         V: tl.constexpr, FORM: tl.constexpr, STATIC_MAX: tl.constexpr, IGNORE: tl.constexpr,
         WRITE_GRAD: tl.constexpr, BLOCK_V: tl.constexpr,
     ):
@@ -174,7 +174,8 @@ def _build_kernel():
         s_t = tl.sum(s_t1, axis=0)
         tl.store(LOSS + row, tl.where(ignored, 0.0, lse - s_t))
 
-        # pass 2: gradient (softmax - onehot) * ds/dz, stored in GRAD's dtype
+        # pass 2: gradient (softmax - onehot) * ds/dz, times grad_mul (exactly 1.0 unless the gradient
+        # is stored as FP8 for the head's backward: then 1 / its scale), stored in GRAD's dtype
         if WRITE_GRAD:
             g_row = GRAD + row * stride_g
             keep = tl.where(ignored, 0.0, 1.0)
@@ -185,27 +186,30 @@ def _build_kernel():
                 s, ds = _softcap_jit(zf, cap, inv_scale, FORM)
                 p = tl.exp(s - lse)
                 g = (p - tl.where(idx == t, 1.0, 0.0)) * ds * keep
-                tl.store(g_row + idx, g.to(GRAD.dtype.element_ty), mask=ok)
+                tl.store(g_row + idx, (g * grad_mul).to(GRAD.dtype.element_ty), mask=ok)
 
     _KERNEL = _softcap_ce_kernel
     return _KERNEL
 
 
-def launch(z: Tensor, targets: Tensor, cap: float, form: str, want_grad: bool) -> tuple[Tensor, Tensor]:
+def launch(z: Tensor, targets: Tensor, cap: float, form: str, want_grad: bool,
+           grad_dtype: torch.dtype | None = None, grad_mul: float = 1.0) -> tuple[Tensor, Tensor]:
+    """Per-row losses (N,) float32 and dL_i/dz * grad_mul in `grad_dtype` (z's dtype by default;
+    the fused FP8 head asks for float8_e5m2 and 1 / the gradient's scale); (0,) without want_grad."""
     kernel = _build_kernel()
     if z.stride(-1) != 1:
         z = z.contiguous()
     targets = targets.contiguous()
     N, V = z.shape
     losses = torch.empty(N, dtype=torch.float32, device=z.device)
-    grad = torch.empty((N, V) if want_grad else (0,), dtype=z.dtype, device=z.device)
+    grad = torch.empty((N, V) if want_grad else (0,), dtype=grad_dtype or z.dtype, device=z.device)
     inv_scale = 1.0 / SIGMOID_TEMPERATURE if form == "sigmoid" else 1.0 / cap if form == "tanh" else 1.0
     # a fixed shift m = cap is safe while exp(min s - cap) stays a normal float32: s > 0 (sigmoid), s > -cap (tanh)
     static_max = (form == "sigmoid" and 0 < cap <= 80) or (form == "tanh" and 0 < cap <= 40)
     if N:
         cfg = KERNEL_CONFIG
         kernel[(N,)](
-            z, targets, losses, grad, z.stride(0), V if want_grad else 0, float(cap), inv_scale,
+            z, targets, losses, grad, z.stride(0), V if want_grad else 0, float(cap), inv_scale, float(grad_mul),
             V=V, FORM=_FORM_CODE[form], STATIC_MAX=static_max, IGNORE=IGNORE_INDEX,
             WRITE_GRAD=want_grad, BLOCK_V=cfg["BLOCK_V"], num_warps=cfg["num_warps"],
         )

@@ -25,7 +25,7 @@ import torch
 from speedrun import schedules
 from speedrun.attention import pick_backend
 from speedrun.config import RunConfig, apply_overrides, validate
-from speedrun.dist import DistInfo, all_reduce_mean, init_distributed, shutdown
+from speedrun.dist import DistInfo, all_ranks, all_reduce_mean, init_distributed, shutdown
 from speedrun.errors import ConfigError, SpeedrunError
 from speedrun.fp8 import fp8_supported
 from speedrun.model import GPT, count_parameters
@@ -231,6 +231,7 @@ class Trainer:
         self._cold = True  # until the first timed step: marks go to the cold start's phases
         self._graphs_saved = 0  # Dynamo's graph count when its packages were last saved
         self._graphs_at_start, self._graphs_in_validation = 0, 0
+        self.warmup_count = cfg.train.warmup_steps  # fewer on a warm start (_prepare_compile)
         try:
             self._build()
         except BaseException:
@@ -282,6 +283,9 @@ class Trainer:
             print(f"speedrun: local compile caches: {'warm (no precompile child)' if warm else 'cold'}", flush=True)
         log_path = self.out.path / "precompile.log" if self.out else None
         self.precompiler = precompile.start(cfg, info, log_path, warm=warm)
+        if all_ranks(warm, self.device):  # every rank must run the same number of warm-up steps
+            t = cfg.train
+            self.warmup_count = min(t.warmup_steps, max(t.warmup_steps_warm, 2 if t.health_every else 1))
 
     def describe(self) -> dict:
         return {
@@ -365,7 +369,7 @@ class Trainer:
 
     def warm_up(self) -> None:
         """Compile and warm kernels, then restore model, optimisers and data."""
-        n = self.cfg.train.warmup_steps
+        n = self.warmup_count
         if n == 0:
             return
         model_state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
