@@ -122,8 +122,10 @@ def _train(out: Path, env: dict) -> tuple[str, dict, list]:
 def test_second_run_loads_the_packages_traces_nothing_and_trains_the_same(tmp_path):
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"), SPEEDRUN_HOME=str(tmp_path / "home"),
                SPEEDRUN_COMPILE_CACHE="off")
-    out1, cold, rec1 = _train(tmp_path / "cold", env)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    out1, cold, rec1 = _train(tmp_path / "cold", dict(env, PYTHONDONTWRITEBYTECODE="1"))
     out2, warm, rec2 = _train(tmp_path / "warm", env)
+    assert "note: PYTHONDONTWRITEBYTECODE is set" in out1 and "PYTHONDONTWRITEBYTECODE" not in out2
     assert "dynamo cache: none" in out1 and "dynamo cache: found" in out2
     assert "local compile caches: cold" in out1 and "local compile caches: warm" in out2
     assert len(list((tmp_path / "inductor" / "speedrun-warm").iterdir())) == 1  # the first run's warm note

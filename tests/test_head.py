@@ -162,16 +162,24 @@ def test_gpu_fused_head_matches_split_at_record_size(cuda):
     def split(x, w, t):
         return sc.softcap_cross_entropy(fp8.head_matmul(x, w, True), t, 30.0, "sigmoid", "triton") / N
 
+    def bf16(x, w, t):  # no FP8: the reference the FP8 paths approximate
+        return sc.reference_cross_entropy(fp8.head_matmul(x, w.bfloat16(), False), t, 30.0, "sigmoid") / N
+
     results = []
-    for fn in (torch.compile(fused, fullgraph=True), split):
+    for fn in (torch.compile(fused, fullgraph=True), split, bf16):
         xi, wi = x.clone().requires_grad_(), w.clone().requires_grad_()
         loss = fn(xi, wi, t)
         results.append((loss.detach(), *torch.autograd.grad(loss, (xi, wi))))
-    (lf, fx, fw), (ls, sx, sw) = results
+    (lf, fx, fw), (ls, sx, sw), (lb, bx, bw) = results
     rel = lambda a, b: ((a.float() - b.float()).norm() / b.float().norm()).item()
-    print("fused vs split: loss", (lf - ls).abs().item(), "grad_x rel", rel(fx, sx), "grad_w rel", rel(fw, sw))
+    print("fused vs split: loss", (lf - ls).abs().item(), "grad_x rel", rel(fx, sx), "grad_w rel", rel(fw, sw),
+          "| vs bf16: fused", rel(fx, bx), rel(fw, bw), "split", rel(sx, bx), rel(sw, bw))
     assert abs(lf.item() - ls.item()) / ls.item() < 1e-5
-    assert rel(fx, sx) < 3e-2 and rel(fw, sw) < 3e-2
+    # the upstream 1/N is not a power of two: the split path's bfloat16 roundings of dL/dz * g cost it
+    # more than the fused path's single e5m2 rounding (CPU test: 6.7e-2 apart), so hold the fused path
+    # to the bfloat16 head, no further from it than the split path is
+    assert rel(fx, sx) < 0.1 and rel(fw, sw) < 0.1
+    assert rel(fx, bx) < 1.2 * rel(sx, bx) + 1e-3 and rel(fw, bw) < 1.2 * rel(sw, bw) + 1e-3
 
 
 @pytest.mark.gpu

@@ -7,9 +7,17 @@
 #           GPU 1: once GPU 0's warm starts are done (no compile overlaps them): speedrun bench of the
 #                  previous commit (.old/src, from `git archive`) and of this tree, each 3 x 10 steps with
 #                  its own empty caches, then a full proxy212 run on the bench's caches (full-b)
+#   pyc     as `run`'s GPU 0 warm starts, but with Python's bytecode cached between runs: this machine sets
+#           PYTHONDONTWRITEBYTECODE=1, so every start compiled torch's modules from source (about 8 s more).
+#           PYTHONPYCACHEPREFIX=/tmp/pycache, emptied before the cold run (cold = no caches of any kind);
+#           20-step runs need only the first training shard. Then the GPU tests of test_head.py on GPU 1
 #   two     both GPUs: one proxy212 run through torchrun (two-gpu), empty caches
 #   wait S  print progress until the queue is done or S seconds passed; tar results to $OUT
 # Launch: setsid nohup bash scripts/device/session6_queue.sh run > /tmp/q.log 2>&1 &
+# Carry: the tracked tree (5.6 MiB) and .proxy (58.6 MiB) no longer fit one call's 64 MiB, so the shards
+# travel over two calls to a warm machine (ignored files stay there between calls): first training shards
+# 1-3 and the validation shard (unpacked at once), then shard 4 with .old (`git archive HEAD src | tar -x -C
+# .old`, assets removed) in the call that launches the queue.
 set -u
 source scripts/device/common.sh
 
@@ -42,6 +50,18 @@ case "${1:-}" in
     wait
     summaries > "$RES/summaries.txt" 2>&1
     touch "$RES/all.done" ;;
+  pyc)
+    unset PYTHONDONTWRITEBYTECODE
+    export PYTHONPYCACHEPREFIX=/tmp/pycache
+    rm -rf "$PYTHONPYCACHEPREFIX" "$RES"/*.done
+    unpack_proxy
+    short=$RES/short.txt; echo "--set train.steps=20" > "$short"
+    ( TRAIN_EXTRA_FILE=$short train 0 cold-p p fresh
+      for w in 1 2 3; do TRAIN_EXTRA_FILE=$short train 0 warm-p$w p; done
+      CUDA_VISIBLE_DEVICES=1 python3 -m pytest -m gpu -q tests/test_head.py > "$RES/gpu-tests-head.log" 2>&1
+      echo "[gpu1] $(date +%T) GPU tests (test_head.py): $(tail -1 "$RES/gpu-tests-head.log")"
+      summaries > "$RES/summaries.txt" 2>&1
+      touch "$RES/pyc.done" ) > "$RES/q0.log" 2>&1 ;;
   two)
     rm -f "$RES"/two.done
     ( echo "$(date +%T) two-gpu start"
@@ -55,5 +75,5 @@ case "${1:-}" in
     rc=$?
     collect
     exit $rc ;;
-  *) echo "usage: $0 run | two | wait SECONDS [DONE-NAME]" >&2; exit 2 ;;
+  *) echo "usage: $0 run | pyc | two | wait SECONDS [DONE-NAME]" >&2; exit 2 ;;
 esac

@@ -61,3 +61,20 @@ def compiled_graphs() -> int:
         return 0
     return int(counters["stats"].get("unique_graphs", 0))
 
+
+
+def bytecode_note(dont_write_bytecode: bool, pycache_prefix: str | None) -> str | None:
+    """A note for a start whose imports cannot use Python's bytecode cache, else None.
+
+    With PYTHONDONTWRITEBYTECODE set and no bytecode installed beside the
+    sources (an image built that way), every start compiles torch's, Dynamo's
+    and Inductor's modules from source: measured on an H200 machine, 11-13 s
+    of imports instead of 4 (docs/benchmarks.md, sixth session). It is the
+    user's setting, so it is reported, not overridden.
+    """
+    if not dont_write_bytecode:
+        return None
+    where = f" (PYTHONPYCACHEPREFIX={pycache_prefix} is only read)" if pycache_prefix else ""
+    return ("PYTHONDONTWRITEBYTECODE is set: Python keeps no bytecode of the modules it compiles" + where
+            + ", so where none was installed every start compiles torch's from source (about 8 s on an H200 "
+            "machine); unset it, with PYTHONPYCACHEPREFIX=<a writable folder> if site-packages is read-only")

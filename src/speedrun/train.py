@@ -32,7 +32,7 @@ from speedrun.model import GPT, count_parameters
 from speedrun.optimizers import build_optimizers
 from speedrun.rundir import RunDir, default_out_dir, git_commit, git_dirty
 from speedrun import dynamo_cache
-from speedrun.startup import StartupPhases, compiled_graphs
+from speedrun.startup import StartupPhases, bytecode_note, compiled_graphs
 
 
 def process_start_time() -> float:
@@ -219,6 +219,9 @@ class Trainer:
         self.device = info.device
         self.startup = StartupPhases(self.t_start, self.device)
         self.startup.mark("imports")  # process start -> here: interpreter, imports, arguments, process group
+        note = bytecode_note(bool(sys.flags.dont_write_bytecode), sys.pycache_prefix)
+        if note and info.is_main:
+            print(f"speedrun: note: {note}", flush=True)
         self.dtype = pick_dtype(cfg.train.dtype, self.device)
         self.progress = progress and info.is_main
         self.out = RunDir(out, overwrite=overwrite, resume=resume is not None) if info.is_main else None
