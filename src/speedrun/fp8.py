@@ -62,22 +62,23 @@ def _backward_impl(
     return grad_x, grad_w
 
 
-def backward_prequantized(
-    g_f8: Tensor, upstream: Tensor, x_f8: Tensor, w_f8: Tensor, x_s: float, w_s: float, grad_s: float
-) -> tuple[Tensor, Tensor]:
-    """grad_x, grad_w of the FP8 product for the upstream gradient g_f8 * grad_s * upstream, where
-    g_f8 (N, M) is already e5m2 and `upstream` a 0-d tensor, folded into the products' scale
-    (the fused head: `head.fp8_softcap_ce`)."""
-    g_scale = upstream.float() * grad_s
-    grad_x = torch._scaled_mm(
+def grad_x_prequantized(g_f8: Tensor, upstream: Tensor, w_f8: Tensor, w_s: float, grad_s: float) -> Tensor:
+    """grad_x of the FP8 product for the upstream gradient g_f8 * grad_s * upstream, where g_f8 (N, M)
+    is already e5m2 and `upstream` a 0-d tensor, folded into the product's scale (the fused head:
+    `head.fp8_softcap_ce`)."""
+    return torch._scaled_mm(
         g_f8, w_f8.T.contiguous().T, out_dtype=torch.bfloat16,
-        scale_a=g_scale, scale_b=_scale(g_f8, w_s), use_fast_accum=False,
+        scale_a=upstream.float() * grad_s, scale_b=_scale(g_f8, w_s), use_fast_accum=False,
     )
-    grad_w = torch._scaled_mm(
-        x_f8.T.contiguous(), g_f8.T.contiguous().T, out_dtype=torch.float32,
-        scale_a=_scale(g_f8, x_s), scale_b=g_scale, use_fast_accum=False,
+
+
+def grad_w_prequantized(g_f8_t: Tensor, upstream: Tensor, x_f8: Tensor, x_s: float, grad_s: float) -> Tensor:
+    """grad_w of the same product from g_f8's transposed copy g_f8_t (M, N): the product needs the
+    tokens contiguous (`transpose.transpose_copy` makes it)."""
+    return torch._scaled_mm(
+        x_f8.T.contiguous(), g_f8_t.T, out_dtype=torch.float32,
+        scale_a=_scale(g_f8_t, x_s), scale_b=upstream.float() * grad_s, use_fast_accum=False,
     ).T
-    return grad_x, grad_w
 
 
 @functools.lru_cache(maxsize=None)

@@ -16,7 +16,7 @@ an element, so no bfloat16 gradient is written or read again. The op returns
 the *summed* loss, so its upstream gradient is one scalar g, and
 (dL/dz * g) / grad_s in e5m2 becomes (dL/dz / grad_s) in e5m2 with g folded
 into the FP8 products' scale. The backward then only makes the transposed
-e5m2 copy that grad_w's product needs and runs the two products. Same
+e5m2 copy that grad_w's product needs (`transpose.transpose_copy`) and runs the two products. Same
 equations as the two-op path (a test holds them together); the roundings
 differ: one e5m2 rounding of the float32 gradient instead of bfloat16
 roundings of dL/dz * g before it.
@@ -32,7 +32,7 @@ import math
 import torch
 from torch import Tensor
 
-from speedrun import fp8, softcap_ce
+from speedrun import fp8, softcap_ce, transpose
 
 
 def fused_available(use_fp8: bool, x: Tensor, ce_impl: str) -> bool:
@@ -102,8 +102,13 @@ fp8_softcap_ce.register_autograd(_backward, setup_context=_setup_context)
 def fp8_mm_backward_prequantized(
     g_f8: Tensor, upstream: Tensor, x_f8: Tensor, w_f8: Tensor, x_s: float, w_s: float, grad_s: float
 ) -> tuple[Tensor, Tensor]:
-    """The FP8 backward for the gradient g_f8 * grad_s * upstream (a 0-d tensor)."""
-    return fp8._compiled(fp8.backward_prequantized, g_f8)(g_f8, upstream, x_f8, w_f8, x_s, w_s, grad_s)
+    """The FP8 backward for the gradient g_f8 * grad_s * upstream (a 0-d tensor): grad_x's product
+    from g_f8, grad_w's from its transposed copy (`transpose.transpose_copy`, a Triton kernel on the
+    GPU). Running the copy on a side stream beside grad_x's product was measured: no gain
+    (7.05 against 7.07 ms per micro-step, docs/benchmarks.md), so it runs in line."""
+    g_f8_t = transpose.transpose_copy(g_f8)
+    grad_x = fp8._compiled(fp8.grad_x_prequantized, g_f8)(g_f8, upstream, w_f8, w_s, grad_s)
+    return grad_x, fp8._compiled(fp8.grad_w_prequantized, g_f8)(g_f8_t, upstream, x_f8, x_s, grad_s)
 
 
 @fp8_mm_backward_prequantized.register_fake
