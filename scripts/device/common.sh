@@ -20,6 +20,13 @@ follow() {  # follow SECONDS "DONE FILES" "LOG FILES": wait until every done fil
   all "$@"
 }
 
+follow_and_collect() {  # follow's arguments; then tar the results into $OUT; follow's status
+  follow "$@"
+  local rc=$?
+  collect
+  return $rc
+}
+
 # proxy212 runs, each with its own local compiler caches (/tmp/compile-caches/NAME)
 ARGS=(--preset proxy212 --data-dir .proxy --overwrite --no-progress)
 C=/tmp/compile-caches

@@ -11,7 +11,8 @@ usage: python3 scripts/device/head_bench.py OUT_JSON [PARTS]   (PARTS: comma-sep
    the sweep needs docs/runs/2026-11-30-h200-g/persistent-ce-grid.patch applied (without it,
    programs_per_sm is ignored and those rows repeat the per-row launch).
 2. The transposed e5m2 copy grad_w's product needs (`g.T.contiguous()`), eager and compiled, against
-   a hand tile-transpose kernel.
+   the tile kernel of `speedrun.transpose` at 18 tile sizes and warp counts (this session wrote that
+   module from the winner; its first version lived in this script).
 3. The head's backward with that copy on a side stream, beside grad_x's product, against one stream.
 CUDA events, median of 20 after 3 warm-up calls; every variant's outputs are compared with the first's.
 """
@@ -21,9 +22,6 @@ import json
 import sys
 
 import torch
-import triton
-import triton.language as tl
-
 from cuda_timing import median_us
 from speedrun import softcap_ce as sc
 
@@ -48,21 +46,11 @@ def ce_rows(z, t):
     return rows
 
 
-@triton.jit
-def _transpose_kernel(X, Y, M, N, BM: tl.constexpr, BN: tl.constexpr):
-    rm = tl.program_id(0) * BM + tl.arange(0, BM)
-    rn = tl.program_id(1) * BN + tl.arange(0, BN)
-    ok = (rm[:, None] < M) & (rn[None, :] < N)
-    x = tl.load(X + rm[:, None].to(tl.int64) * N + rn[None, :], mask=ok)
-    tl.store(Y + rn[:, None].to(tl.int64) * M + rm[None, :], tl.trans(x), mask=tl.trans(ok))
-
-
 def hand_transpose(g, bm, bn, warps):
-    x = g.view(torch.uint8)
-    y = torch.empty((x.shape[1], x.shape[0]), dtype=torch.uint8, device=x.device)
-    grid = (triton.cdiv(x.shape[0], bm), triton.cdiv(x.shape[1], bn))
-    _transpose_kernel[grid](x, y, x.shape[0], x.shape[1], BM=bm, BN=bn, num_warps=warps)
-    return y.view(g.dtype)
+    from speedrun import transpose
+
+    transpose.KERNEL_CONFIG.update(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps)
+    return transpose.transpose_copy(g, "triton")
 
 
 def transpose_rows(g):
@@ -72,10 +60,14 @@ def transpose_rows(g):
     cases = [("eager", lambda: g.T.contiguous()), ("compiled", lambda: compiled(g))]
     for bm, bn, warps in itertools.product((64, 128, 256), (64, 128, 256), (4, 8)):
         cases.append((f"hand {bm}x{bn} w{warps}", lambda bm=bm, bn=bn, w=warps: hand_transpose(g, bm, bn, w)))
+    from speedrun import transpose
+
+    default = dict(transpose.KERNEL_CONFIG)
     for name, fn in cases:
         row = {"name": name, "equal": bool(torch.equal(fn().view(torch.uint8), ref)), "us": median_us(fn)}
         rows.append(row)
         print(row, flush=True)
+    transpose.KERNEL_CONFIG.update(default)
     return rows
 
 

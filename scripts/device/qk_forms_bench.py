@@ -1,6 +1,6 @@
 """Time three formulations of the attention's QK RMS-norm + rotary, compiled, forward + backward.
 
-usage: python3 scripts/device/qk_forms_bench.py OUT_JSON [cuda|cpu] [T]
+usage: (cd scripts/device && python3 qk_forms_bench.py OUT_JSON [cuda|cpu] [T])
 
 The profile puts Inductor's fused QK-norm + rotary kernels at ~190 us forward and ~210 us backward
 per layer call at the record's shape, about 2.7x their memory-bound time; Inductor generates a
@@ -52,23 +52,17 @@ def roll(qkv, rope, tables):
     return qk[:, :, :H], qk[:, :, H:]
 
 
-def timed_us(fn, reps=20, warmup=3):
-    import statistics
+def timed_us(fn):
+    """CUDA: `cuda_timing.median_us`; the CPU (a check of the script, not a figure): mean of 5 calls."""
+    if torch.cuda.is_available():
+        from cuda_timing import median_us
 
-    for _ in range(warmup):
+        return median_us(fn)
+    fn()
+    t = time.perf_counter()
+    for _ in range(5):
         fn()
-    if not torch.cuda.is_available():
-        t = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        return (time.perf_counter() - t) / reps * 1e6
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for a, b in ev:
-        a.record()
-        fn()
-        b.record()
-    torch.cuda.synchronize()
-    return statistics.median(a.elapsed_time(b) for a, b in ev) * 1000
+    return (time.perf_counter() - t) / 5 * 1e6
 
 
 def main(out, device="cuda", T="49152"):

@@ -71,9 +71,7 @@ case "${1:-}" in
       summaries > "$RES/summaries.txt" 2>&1
       touch "$RES/two.done" ) > "$RES/two.log" 2>&1 ;;
   wait)
-    follow "${2:-560}" "$RES/${3:-all}.done" "$RES/q0.log $RES/q1.log $RES/two.log $RES/summaries.txt"
-    rc=$?
-    collect
-    exit $rc ;;
+    follow_and_collect "${2:-560}" "$RES/${3:-all}.done" "$RES/q0.log $RES/q1.log $RES/two.log $RES/summaries.txt"
+    exit $? ;;
   *) echo "usage: $0 run | pyc | two | wait SECONDS [DONE-NAME]" >&2; exit 2 ;;
 esac

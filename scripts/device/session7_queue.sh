@@ -63,9 +63,7 @@ case "${1:-}" in
       BENCH_ENV=TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1 bench cdt
       touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
   wait)
-    follow "${2:-560}" "$RES/${3:-all}.done" "$RES/q.log"
-    rc=$?
-    collect
-    exit $rc ;;
+    follow_and_collect "${2:-560}" "$RES/${3:-all}.done" "$RES/q.log"
+    exit $? ;;
   *) echo "usage: $0 micro | bench NAME | first | second | wait SECONDS [DONE-NAME]" >&2; exit 2 ;;
 esac
