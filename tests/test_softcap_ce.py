@@ -71,6 +71,38 @@ def test_impl_choice_and_validation():
     apply_overrides(cfg, ["model.ce_kernel=fast"])
     with pytest.raises(ConfigError, match="model.ce_kernel"):
         validate(cfg)
+    cfg = RunConfig()
+    apply_overrides(cfg, ["model.ce_math=tanh_approx"])
+    validate(cfg)
+    apply_overrides(cfg, ["model.ce_math=fast"])
+    with pytest.raises(ConfigError, match="model.ce_math"):
+        validate(cfg)
+    with pytest.raises(ValueError, match="math"):
+        softcap_cross_entropy(z, t, 30.0, "sigmoid", math="fast")
+
+
+def test_kernel_refuses_what_it_cannot_do():
+    """tanh.approx is a CUDA instruction: Triton's interpreter cannot run it."""
+    pytest.importorskip("triton")
+    from speedrun import softcap_ce as sc
+    z, t = torch.zeros(2, 5), torch.tensor([0, 1])
+    with pytest.raises(ValueError, match="tanh_approx"):
+        sc.launch(z, t, 30.0, "sigmoid", True, math="tanh_approx")
+
+
+def test_model_ce_math_reaches_the_kernel():
+    """model.ce_math travels model -> head -> softcap_ce -> the launch: on the CPU the launch refuses
+    tanh_approx (an error from inside the kernel's launch proves the wiring), and the torch reference,
+    which has no such variant, ignores it."""
+    pytest.importorskip("triton")
+    cfg = _tiny_cfg(**{"model.ce_kernel": "triton", "model.ce_math": "tanh_approx"})
+    torch.manual_seed(0)
+    model = GPT(cfg.model, cfg.attention)
+    tok = torch.randint(0, 500, (128,))
+    with pytest.raises(ValueError, match="tanh_approx"):
+        model(tok, torch.roll(tok, -1), torch.tensor(2))
+    model.cfg.ce_kernel = "torch"
+    assert torch.isfinite(model(tok, torch.roll(tok, -1), torch.tensor(2)))
 
 
 def _tiny_cfg(**extra):
@@ -257,6 +289,22 @@ def test_gpu_kernel_matches_reference_at_record_size(cuda, form, cap):
     rtol, atol = GRAD_TOL["bfloat16"]
     for i in range(0, N_REC, 4096):  # in chunks: float32 copies of the whole gradient are 10 GB each
         torch.testing.assert_close(g_got[i:i + 4096].float(), g_ref[i:i + 4096].float(), rtol=rtol, atol=atol)
+
+
+@pytest.mark.gpu
+def test_gpu_tanh_approx_at_record_size(cuda):
+    """math="tanh_approx" against the reference. The approximate tanh moves s by up to ~7e-3 and the
+    softmax by ~1%: the loss sum within 1e-4 relative, the bfloat16 gradient within 2e-2."""
+    pytest.importorskip("triton")
+    z, t = _record_inputs(1)
+    z.requires_grad_()
+    got = softcap_cross_entropy(z, t, 30.0, "sigmoid", impl="triton", math="tanh_approx")
+    (g_got,) = torch.autograd.grad(got, z)
+    ref = reference_cross_entropy(z, t, 30.0, "sigmoid")
+    (g_ref,) = torch.autograd.grad(ref, z)
+    assert abs(got.item() - ref.item()) / abs(ref.item()) < 1e-4, (got.item(), ref.item())
+    for i in range(0, N_REC, 4096):
+        torch.testing.assert_close(g_got[i:i + 4096].float(), g_ref[i:i + 4096].float(), rtol=2e-2, atol=1e-6)
 
 
 @pytest.mark.gpu

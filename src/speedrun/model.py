@@ -362,7 +362,8 @@ class GPT(nn.Module):
             return self.eval_loss(x, targets)
         cfg = self.cfg
         return head_ops.head_loss(
-            x, self.head_weight, targets, cfg.logit_softcap, cfg.softcap_form, cfg.ce_kernel, self.use_fp8
+            x, self.head_weight, targets, cfg.logit_softcap, cfg.softcap_form, cfg.ce_kernel, self.use_fp8,
+            cfg.ce_math,
         )
 
     def eval_loss(self, x: Tensor, targets: Tensor, chunk: int = EVAL_CHUNK) -> Tensor:

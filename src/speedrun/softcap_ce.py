@@ -16,13 +16,20 @@ Two implementations of `softcap_cross_entropy`:
   forward reduction kernel and one backward kernel, each sweeping the logits.
 * ``triton``: one kernel launch computes each row's loss *and* the gradient
   d loss_i / d z_ij = (softmax(s_i)_j - [j = t_i]) * ds/dz_ij, written in z's
-  dtype (bfloat16 in training). One program per row makes two passes over the
-  row: first the float32 sum of exp(s - m), with m = c (a known upper bound of
-  s, so no max is needed) for the capped forms, a running max for "none" or
-  caps too large for that shift; then the gradient. The backward only multiplies that saved gradient by the upstream
+  dtype (bfloat16 in training). One program per row makes two passes over
+  it: first the float32 sum of 2^(s log2 e - m), with m = c log2 e (c is a
+  known upper bound of s, so no max is needed) for the capped forms, a
+  running max for "none" or caps too large for that shift; then the gradient. The backward only multiplies that saved gradient by the upstream
   gradient, in place (see `_backward`). It is a `torch.library.custom_op`, so
   `torch.compile(fullgraph=True)` keeps it whole; `register_fake` gives its
   output shapes and strides.
+
+Why exp2 and the sigmoid's cost: per element and pass the record's form takes
+three operations of the GPU's special-function unit (two exponentials and a
+reciprocal), and at (49152, 50304) that unit, not memory, bounds the kernel
+(~4.0 ms against 2.25 ms for one read of z and one write of the e5m2
+gradient, on an H200). Working in base 2 saves the products by log2 e;
+`math="tanh_approx"` makes the sigmoid one such operation (approximate).
 
 `impl` chooses between them as `kernel_choice` says ("auto": the kernel for
 CUDA tensors when Triton is installed); the kernel is built on first use.
@@ -44,7 +51,14 @@ IGNORE_INDEX = -100  # F.cross_entropy's default: such rows add 0 to the loss an
 # (a power of two); 50304 = 24.6 x 2048. Measured on an H200 at (49152, 50304)
 # bfloat16 (scripts/device/ce_bench.py, docs/benchmarks.md): 4 warps 4.67 ms a
 # call with the gradient, 8 warps 4.82, 16 warps 5.46; BLOCK_V 1024 / 4096 slower.
+# math (`launch`'s argument, `model.ce_math`): how the kernel computes the sigmoid form's sigmoid
+#   "precise"     1 / (1 + 2^(-u log2 e)), Triton's float32 exp2 and division, as Inductor compiles the
+#                 reference's torch.sigmoid: three special-function-unit (SFU) operations per element and
+#                 pass with the softmax's exp2, and the SFU bounds the kernel (docs/benchmarks.md)
+#   "tanh_approx" 0.5 + 0.5 * tanh.approx.f32(u / 2), the hardware's approximate tanh: one SFU operation
+#                 for the sigmoid, relative error up to 2^-10.99 in tanh (CUDA only; other forms: precise)
 KERNEL_CONFIG = {"BLOCK_V": 2048, "num_warps": 4}
+MATHS = ("precise", "tanh_approx")
 
 
 # --------------------------------------------------------------------------- reference
@@ -68,22 +82,26 @@ def reference_cross_entropy(z: Tensor, targets: Tensor, cap: float, form: str) -
 # --------------------------------------------------------------------------- dispatch
 
 
-def check(form: str, impl: str) -> None:
+def check(form: str, impl: str, math: str = "precise") -> None:
+    if math not in MATHS:
+        raise ValueError(f"softcap_ce math must be one of {MATHS}, got {math!r}")
     if form not in FORMS:
         raise ValueError(f"softcap form must be one of {FORMS}, got {form!r}")
     if impl not in IMPLS:
         raise ValueError(f"cross-entropy impl must be one of {IMPLS}, got {impl!r}")
 
 
-def softcap_cross_entropy(z: Tensor, targets: Tensor, cap: float, form: str, impl: str = "torch") -> Tensor:
+def softcap_cross_entropy(z: Tensor, targets: Tensor, cap: float, form: str, impl: str = "torch",
+                          math: str = "precise") -> Tensor:
     """sum_i CE(softcap(z_i), t_i) as a float32 scalar, differentiable with respect to z.
 
     z: (N, V) logits (bfloat16 or float32); targets: (N,) int64 class ids
     (IGNORE_INDEX rows are skipped, as `F.cross_entropy` does); cap = 0 or
     form = "none" means no soft-cap. impl: "torch" (the reference), "triton"
     (the fused kernel; CUDA, or a CPU under TRITON_INTERPRET=1), "auto".
+    math: the kernel's sigmoid, "precise" or "tanh_approx" (MATHS); the reference is always precise.
     """
-    check(form, impl)
+    check(form, impl, math)
     if pick_impl(z, impl) == "torch":
         return reference_cross_entropy(z, targets, cap, form)
     if not TRITON_FOUND:
@@ -91,7 +109,7 @@ def softcap_cross_entropy(z: Tensor, targets: Tensor, cap: float, form: str, imp
     form = "none" if not cap else form
     z, targets = z.reshape(-1, z.shape[-1]), targets.reshape(-1)
     want_grad = torch.is_grad_enabled() and z.requires_grad
-    losses, _ = torch.ops.speedrun.softcap_ce(z, targets, float(cap), form, want_grad)
+    losses, _ = torch.ops.speedrun.softcap_ce(z, targets, float(cap), form, want_grad, math)
     return losses.sum()
 
 
@@ -117,62 +135,73 @@ def _build_kernel():
     # the interpreter re-executes their source with the module's globals only.
 
     @triton.jit
-    def _softcap_jit(zf, cap, inv_scale, FORM: tl.constexpr):
-        """(s, ds/dz) for float32 z; inv_scale = 1/7.5 (sigmoid) or 1/c (tanh): a product, not a division."""
+    def _softcap_jit(zf, cap2, inv_scale, ds_scale, FORM: tl.constexpr, MATH: tl.constexpr):
+        """(s * log2(e), ds/dz) for float32 z: the soft-capped logit in base-2 units (the kernel takes
+        exp2 of it), cap2 = c * log2(e); inv_scale = 1/7.5 (sigmoid) or 1/c (tanh), ds_scale = c/7.5
+        (sigmoid). Exponents are clamped at 2^126 so that 1 + e stays finite; the clamped sigmoid (below
+        1e-38) and tanh remainder round to the same s. MATH 1: the sigmoid from tanh.approx."""
         if FORM == 1:  # c * sigmoid(z / 7.5)
-            sig = 1.0 / (1.0 + tl.exp(-(zf * inv_scale)))
-            s = cap * sig
-            ds = (cap * inv_scale) * sig * (1.0 - sig)
+            if MATH == 1:  # sigmoid(u) = (1 + tanh(u/2)) / 2, tanh from the special-function unit
+                th = tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [zf * (0.5 * inv_scale)],
+                                               dtype=tl.float32, is_pure=True, pack=1)
+                sig = 0.5 + 0.5 * th
+            else:
+                sig = 1.0 / (1.0 + tl.exp2(tl.minimum(zf * (-1.4426950408889634 * inv_scale), 126.0)))
+            s2 = cap2 * sig
+            ds = ds_scale * sig * (1.0 - sig)
         elif FORM == 2:  # c * tanh(z / c); tanh(x) = 1 - r, r = 2 / (exp(2x) + 1), saturates cleanly to +-1
-            r = 2.0 / (tl.exp(2.0 * (zf * inv_scale)) + 1.0)
-            s = cap * (1.0 - r)
+            r = 2.0 / (tl.exp2(tl.minimum(zf * (2.8853900817779268 * inv_scale), 126.0)) + 1.0)
+            s2 = cap2 * (1.0 - r)
             ds = r * (2.0 - r)  # 1 - tanh^2 without cancellation near +-1
         else:
-            s = zf
+            s2 = zf * 1.4426950408889634
             ds = tl.full(zf.shape, 1.0, tl.float32)
-        return s, ds
+        return s2, ds
 
     @triton.jit
     def _softcap_ce_kernel(
         Z, T, LOSS, GRAD, stride_z, stride_g, cap, inv_scale, grad_mul,
         V: tl.constexpr, FORM: tl.constexpr, STATIC_MAX: tl.constexpr, IGNORE: tl.constexpr,
-        WRITE_GRAD: tl.constexpr, BLOCK_V: tl.constexpr,
+        WRITE_GRAD: tl.constexpr, BLOCK_V: tl.constexpr, MATH: tl.constexpr,
     ):
         row = tl.program_id(0).to(tl.int64)  # int64: N x V exceeds 2^31 in training
         z_row = Z + row * stride_z
         cols = tl.arange(0, BLOCK_V)
         t = tl.load(T + row).to(tl.int32)
+        cap2 = cap * 1.4426950408889634  # log2(e)
+        ds_scale = cap * inv_scale
 
-        # pass 1: per-lane sums of exp(s - m). STATIC_MAX: s <= cap is known, so m = cap and the
-        # loop has no cross-lane work; otherwise m is a running max, rescaled once per block.
+        # pass 1: per-lane sums of 2^(s2 - m2), all in base-2 units (s2 = s * log2 e). STATIC_MAX: s <= cap
+        # is known, so m2 = cap2 and the loop has no cross-lane work; otherwise m2 is a running max,
+        # rescaled once per block.
         acc = tl.zeros((BLOCK_V,), tl.float32)
         if STATIC_MAX:
-            m = cap
+            m2 = cap2
             for v0 in range(0, V, BLOCK_V):
                 idx = v0 + cols
                 ok = idx < V
                 zf = tl.load(z_row + idx, mask=ok, other=0.0).to(tl.float32)
-                s, _ = _softcap_jit(zf, cap, inv_scale, FORM)
-                acc += tl.where(ok, tl.exp(s - m), 0.0)
+                s2, _ = _softcap_jit(zf, cap2, inv_scale, ds_scale, FORM, MATH)
+                acc += tl.where(ok, tl.exp2(s2 - m2), 0.0)
         else:
-            m = tl.max(tl.full((BLOCK_V,), float("-inf"), tl.float32), axis=0)
+            m2 = tl.max(tl.full((BLOCK_V,), float("-inf"), tl.float32), axis=0)
             for v0 in range(0, V, BLOCK_V):
                 idx = v0 + cols
                 ok = idx < V
                 zf = tl.load(z_row + idx, mask=ok, other=0.0).to(tl.float32)
-                s, _ = _softcap_jit(zf, cap, inv_scale, FORM)
-                s = tl.where(ok, s, float("-inf"))
-                m_new = tl.maximum(m, tl.max(s, axis=0))
-                acc = acc * tl.exp(m - m_new) + tl.exp(s - m_new)
-                m = m_new
-        lse = m + tl.log(tl.sum(acc, axis=0))
+                s2, _ = _softcap_jit(zf, cap2, inv_scale, ds_scale, FORM, MATH)
+                s2 = tl.where(ok, s2, float("-inf"))
+                m_new = tl.maximum(m2, tl.max(s2, axis=0))
+                acc = acc * tl.exp2(m2 - m_new) + tl.exp2(s2 - m_new)
+                m2 = m_new
+        lse2 = m2 + tl.log2(tl.sum(acc, axis=0))
 
         ignored = t == IGNORE
         t_safe = tl.where(ignored, 0, t)
         z_t = tl.load(z_row + t_safe, mask=(t_safe >= 0) & (t_safe < V), other=0.0).to(tl.float32)  # bad ids: undefined
-        s_t1, _ = _softcap_jit(tl.full((1,), 1.0, tl.float32) * z_t, cap, inv_scale, FORM)
-        s_t = tl.sum(s_t1, axis=0)
-        tl.store(LOSS + row, tl.where(ignored, 0.0, lse - s_t))
+        s_t1, _ = _softcap_jit(tl.full((1,), 1.0, tl.float32) * z_t, cap2, inv_scale, ds_scale, FORM, MATH)
+        s_t2 = tl.sum(s_t1, axis=0)
+        tl.store(LOSS + row, tl.where(ignored, 0.0, (lse2 - s_t2) * 0.6931471805599453))  # ln(2)
 
         # pass 2: gradient (softmax - onehot) * ds/dz, times grad_mul (exactly 1.0 unless the gradient
         # is stored as FP8 for the head's backward: then 1 / its scale), stored in GRAD's dtype
@@ -183,8 +212,8 @@ def _build_kernel():
                 idx = v0 + cols
                 ok = idx < V
                 zf = tl.load(z_row + idx, mask=ok, other=0.0).to(tl.float32)
-                s, ds = _softcap_jit(zf, cap, inv_scale, FORM)
-                p = tl.exp(s - lse)
+                s2, ds = _softcap_jit(zf, cap2, inv_scale, ds_scale, FORM, MATH)
+                p = tl.exp2(s2 - lse2)
                 g = (p - tl.where(idx == t, 1.0, 0.0)) * ds * keep
                 tl.store(g_row + idx, (g * grad_mul).to(GRAD.dtype.element_ty), mask=ok)
 
@@ -193,10 +222,15 @@ def _build_kernel():
 
 
 def launch(z: Tensor, targets: Tensor, cap: float, form: str, want_grad: bool,
-           grad_dtype: torch.dtype | None = None, grad_mul: float = 1.0) -> tuple[Tensor, Tensor]:
+           grad_dtype: torch.dtype | None = None, grad_mul: float = 1.0, math: str = "precise") -> tuple[Tensor, Tensor]:
     """Per-row losses (N,) float32 and dL_i/dz * grad_mul in `grad_dtype` (z's dtype by default;
-    the fused FP8 head asks for float8_e5m2 and 1 / the gradient's scale); (0,) without want_grad."""
+    the fused FP8 head asks for float8_e5m2 and 1 / the gradient's scale); (0,) without want_grad.
+    math: "precise" or "tanh_approx" (MATHS above)."""
     kernel = _build_kernel()
+    if math not in MATHS:
+        raise ValueError(f"softcap_ce math must be one of {MATHS}, got {math!r}")
+    if math == "tanh_approx" and z.device.type != "cuda":
+        raise ValueError("softcap_ce math 'tanh_approx' is a CUDA instruction; Triton's interpreter cannot run it")
     if z.stride(-1) != 1:
         z = z.contiguous()
     targets = targets.contiguous()
@@ -211,19 +245,20 @@ def launch(z: Tensor, targets: Tensor, cap: float, form: str, want_grad: bool,
         kernel[(N,)](
             z, targets, losses, grad, z.stride(0), V if want_grad else 0, float(cap), inv_scale, float(grad_mul),
             V=V, FORM=_FORM_CODE[form], STATIC_MAX=static_max, IGNORE=IGNORE_INDEX,
-            WRITE_GRAD=want_grad, BLOCK_V=cfg["BLOCK_V"], num_warps=cfg["num_warps"],
+            WRITE_GRAD=want_grad, BLOCK_V=cfg["BLOCK_V"], MATH=MATHS.index(math), num_warps=cfg["num_warps"],
         )
     return losses, grad
 
 
 @torch.library.custom_op("speedrun::softcap_ce", mutates_args=())
-def softcap_ce(z: Tensor, targets: Tensor, cap: float, form: str, want_grad: bool) -> tuple[Tensor, Tensor]:
+def softcap_ce(z: Tensor, targets: Tensor, cap: float, form: str, want_grad: bool,
+              math: str = "precise") -> tuple[Tensor, Tensor]:
     """Per-row losses (N,) float32 and d loss_i / d z (N, V) in z's dtype ((0,) when not want_grad)."""
-    return launch(z, targets, cap, form, want_grad)
+    return launch(z, targets, cap, form, want_grad, math=math)
 
 
 @softcap_ce.register_fake
-def _(z, targets, cap, form, want_grad):
+def _(z, targets, cap, form, want_grad, math="precise"):
     losses = z.new_empty((z.shape[0],), dtype=torch.float32)
     grad = z.new_empty((z.shape[0], z.shape[1]) if want_grad else (0,))  # contiguous, z's dtype, as the op
     return losses, grad
@@ -254,7 +289,7 @@ def _backward(ctx, g_losses, _g_grad):
         raise RuntimeError("softcap_ce: backward can run once per forward (the gradient is scaled in place)")
     ctx.consumed = True
     (grad,) = ctx.saved_tensors
-    return grad.mul_(g_losses.unsqueeze(1)), None, None, None, None
+    return grad.mul_(g_losses.unsqueeze(1)), None, None, None, None, None
 
 
 softcap_ce.register_autograd(_backward, setup_context=_setup_context)
