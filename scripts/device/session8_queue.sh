@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Issue 4, eighth session (one H200): the three cheap levers left after session 7, measured alone first.
-#   micro        qk_forms_bench.py (three formulations of QK-norm + rotary, compiled), ce_math_bench.py
-#                (the CE kernel's reciprocal variants), attn_backends_bench.py (FlexAttention against
-#                varlen_attn; needs .proxy/fineweb_val_000000.bin.xz carried)
+#   micro        ce_math_bench.py (the CE kernel's sigmoid variants), qk_forms_bench.py (formulations of
+#                QK-norm + rotary, compiled), attn_backends_bench.py (FlexAttention against varlen_attn;
+#                needs .proxy/fineweb_val_000000.bin.xz carried)
 #   ab NAME SRC  speedrun bench of proxy212 (3 x 10 steps, random tokens, no profile) of the sources
 #                under SRC (src, or .old/src from `git archive HEAD src | tar -x -C .old`), own empty
 #                caches; extra `speedrun bench` arguments from $BENCH_EXTRA
@@ -13,7 +13,8 @@
 #                itself, and benched the session's start from .old/src; see docs/benchmarks.md)
 #   full         two proxy212 runs (needs the whole .proxy carried): this tree, and with tanh_approx,
 #                on the compiler caches of the matching benches
-#   wait S [D]   print progress until $RES/D.done exists (default all) or S seconds passed; tar to $OUT
+#   wait S [D [LOG]]  print LOG (default q.log; `full` writes q-full.log) until $RES/D.done exists
+#                (default all) or S seconds passed; tar to $OUT
 # Python's bytecode is kept between starts (PYTHONPYCACHEPREFIX), as docs/performance.md advises.
 # Launch: setsid nohup bash scripts/device/session8_queue.sh micro > /tmp/q.log 2>&1 &
 set -u

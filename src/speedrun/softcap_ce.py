@@ -19,7 +19,8 @@ Two implementations of `softcap_cross_entropy`:
   dtype (bfloat16 in training). One program per row makes two passes over
   it: first the float32 sum of 2^(s log2 e - m), with m = c log2 e (c is a
   known upper bound of s, so no max is needed) for the capped forms, a
-  running max for "none" or caps too large for that shift; then the gradient. The backward only multiplies that saved gradient by the upstream
+  running max for "none" or caps too large for that shift; then the
+  gradient. The backward only multiplies that saved gradient by the upstream
   gradient, in place (see `_backward`). It is a `torch.library.custom_op`, so
   `torch.compile(fullgraph=True)` keeps it whole; `register_fake` gives its
   output shapes and strides.
