@@ -46,35 +46,35 @@ def x_scale(dim: int) -> float:
 
 
 def head_loss(x: Tensor, w: Tensor, targets: Tensor, cap: float, form: str, ce_impl: str, use_fp8: bool,
-              math: str = "precise") -> Tensor:
+              ce_math: str = "precise") -> Tensor:
     """sum over tokens of CE(softcap(x @ w^T), targets), a float32 scalar; x (..., K), w (M, K);
-    math: the CE kernel's sigmoid (`softcap_ce.MATHS`)."""
+    ce_math: the CE kernel's sigmoid (`softcap_ce.MATHS`)."""
     if not fused_available(use_fp8, x, ce_impl):
         z = fp8.head_matmul(x, w, use_fp8)
-        return softcap_ce.softcap_cross_entropy(z, targets, cap, form, ce_impl, math)
-    softcap_ce.check(form, ce_impl, math)
+        return softcap_ce.softcap_cross_entropy(z, targets, cap, form, ce_impl, ce_math)
+    softcap_ce.check(form, ce_impl, ce_math)
     flat = x.reshape(-1, x.shape[-1]).contiguous()
     x_s = x_scale(x.shape[-1])
     form = "none" if not cap else form
     want_grad = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)
     return torch.ops.speedrun.fp8_softcap_ce(
         flat, w.contiguous(), targets.reshape(-1), float(cap), form, x_s, fp8.W_SCALE, fp8.GRAD_SCALE, want_grad,
-        math)[0]
+        ce_math)[0]
 
 
 @torch.library.custom_op("speedrun::fp8_softcap_ce", mutates_args=())
 def fp8_softcap_ce(
     x: Tensor, w: Tensor, targets: Tensor, cap: float, form: str, x_s: float, w_s: float, grad_s: float,
-    want_grad: bool, math: str = "precise") -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    want_grad: bool, ce_math: str = "precise") -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The summed loss (0-d float32), dL/dz / grad_s (N, M) in float8_e5m2 ((0,) without want_grad),
     and the FP8 operands of the product."""
     z, x_f8, w_f8 = fp8._compiled(fp8._forward_impl, x)(x, w, x_s, w_s)
-    losses, g_f8 = softcap_ce.launch(z, targets, cap, form, want_grad, torch.float8_e5m2, 1.0 / grad_s, math)
+    losses, g_f8 = softcap_ce.launch(z, targets, cap, form, want_grad, torch.float8_e5m2, 1.0 / grad_s, ce_math)
     return losses.sum(), g_f8, x_f8, w_f8
 
 
 @fp8_softcap_ce.register_fake
-def _(x, w, targets, cap, form, x_s, w_s, grad_s, want_grad, math="precise"):
+def _(x, w, targets, cap, form, x_s, w_s, grad_s, want_grad, ce_math="precise"):
     N, M = x.shape[0], w.shape[0]
     loss = x.new_empty((), dtype=torch.float32)
     g_f8 = x.new_empty((N, M) if want_grad else (0,), dtype=torch.float8_e5m2)
