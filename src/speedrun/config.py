@@ -65,6 +65,14 @@ class ModelConfig:
     # installed). Same math. Default torch: on an H200 the Triton kernels measured slower in the compiled
     # layer (974 against 765 us forward + backward, docs/benchmarks.md).
     qk_kernel: str = "torch"
+    # The ReLU² MLP (relu2_mlp.py): "torch" (two linear layers, compiled: cuBLAS products and Inductor's
+    # activation passes) | "triton" (the activation and its derivative in the epilogues of Triton
+    # products; bfloat16 on a GPU of capability 9.0+) | "auto" (triton where it can run). Same math
+    # (bit-equal on an H200 at the record's size); about 13 ms/step less there (docs/benchmarks.md).
+    mlp_kernel: str = "auto"
+    # The Triton products' launch ("BLOCK_N=128,fwd.num_stages=4,...", keys relu2_mlp.KEYS): a schedule,
+    # not the math; empty = relu2_mlp.KERNEL_CONFIG.
+    mlp_options: str = ""
 
     @property
     def padded_vocab(self) -> int:
@@ -311,6 +319,16 @@ def flex_options_ok(text: str) -> bool:
     return True
 
 
+def mlp_options_ok(text: str) -> bool:
+    from speedrun.relu2_mlp import parse_options  # the kernel module owns its keys
+
+    try:
+        parse_options(text)
+    except ValueError:
+        return False
+    return True
+
+
 def validate(cfg: RunConfig, world_size: int = 1) -> None:
     """Refuse values that cannot run, each with one line naming the field."""
     m, a, t = cfg.model, cfg.attention, cfg.train
@@ -339,6 +357,10 @@ def validate(cfg: RunConfig, world_size: int = 1) -> None:
          f"must be precise or tanh_approx, got {m.ce_math!r}"),
         (m.qk_kernel in ("torch", "triton", "auto"), "model.qk_kernel",
          f"must be torch, triton or auto, got {m.qk_kernel!r}"),
+        (m.mlp_kernel in ("torch", "triton", "auto"), "model.mlp_kernel",
+         f"must be torch, triton or auto, got {m.mlp_kernel!r}"),
+        (mlp_options_ok(m.mlp_options), "model.mlp_options",
+         f"want KEY=INT items (KEY one of the kernel's launch keys, optionally fwd. or bwd.), got {m.mlp_options!r}"),
         (2 * m.value_embeds <= m.num_layers, "model.value_embeds",
          f"needs 2*value_embeds <= num_layers, got {m.value_embeds} for {m.num_layers} layers"),
         (m.gate_inputs <= m.model_dim, "model.gate_inputs", "must be <= model_dim"),

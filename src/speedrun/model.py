@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from speedrun.attention import AttentionMasks, document_ids
 from speedrun.config import AttentionConfig, ModelConfig, parse_flex_options
 from speedrun import head as head_ops
-from speedrun import qk_rotary
+from speedrun import qk_rotary, relu2_mlp
 
 
 EVAL_CHUNK = 16384
@@ -168,8 +168,11 @@ class MLP(nn.Module):
         self.fc_b = nn.Parameter(torch.zeros(cfg.mlp_hidden)) if cfg.bias else None
         self.proj_b = nn.Parameter(torch.zeros(cfg.model_dim)) if cfg.bias else None
         self.activation = cfg.activation
+        self.kernel, self.options = cfg.mlp_kernel, cfg.mlp_options
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.activation == "relu2" and self.fc_b is None:  # the fused kernel or its reference
+            return relu2_mlp.relu2_mlp(x, self.fc_w.type_as(x), self.proj_w.type_as(x), self.kernel, self.options)
         h = _linear(x, self.fc_w, self.fc_b)
         h = F.relu(h).square() if self.activation == "relu2" else F.gelu(h, approximate="tanh")
         return _linear(h, self.proj_w, self.proj_b)

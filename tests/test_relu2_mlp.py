@@ -1,0 +1,193 @@
+"""The ReLU² MLP's Triton products against the plain-PyTorch MLP, on the CPU (Triton's interpreter,
+in a subprocess: see interpreter_helpers.py) and on the GPU at the record's size.
+
+Triton 3.6's interpreter rounds float32 -> bfloat16 by truncation, not to nearest even as the GPU
+does, so on the CPU the kernel is held to a float64 emulation of the reference's roundings with two
+bfloat16 steps of slack; what the interpreter cannot change is checked exactly (zeros where h <= 0,
+the no-grad forward equal to the training one, the compiled op equal to the eager op)."""
+
+import textwrap
+
+import pytest
+import torch
+
+from interpreter_helpers import run_interpreted
+from speedrun import relu2_mlp as R
+from speedrun.config import RunConfig, apply_overrides, validate
+from speedrun.errors import ConfigError
+
+_INTERPRETED = textwrap.dedent(r'''
+    import json, os, sys
+    assert os.environ.get("TRITON_INTERPRET") == "1"
+    import torch
+    from speedrun import relu2_mlp as R
+
+    g = torch.Generator().manual_seed(0)
+    N, D, F = 200, 64, 256   # 200 rows: the last row block is partial
+    x = torch.randn(N, D, generator=g).bfloat16()
+    w1 = (torch.randn(F, D, generator=g) / 8).bfloat16()
+    w2 = (torch.randn(D, F, generator=g) / 16).bfloat16()
+    gy = torch.randn(N, D, generator=g).bfloat16()
+    h64 = x.double() @ w1.double().T
+    ga64 = gy.double() @ w2.double()
+
+    def rel(a, b):
+        return ((a.double() - b).abs().max() / b.abs().max()).item()
+
+    cases = []
+    base = "BLOCK_M=32,BLOCK_N=64,BLOCK_K=32"
+    for extra in ["", ",EPI_SPLIT=1", ",EPI_SPLIT=4,H_PTR=1", ",PERSISTENT=0,H_PTR=1",
+                  ",GROUP_M=1,EPI_SPLIT=1,PERSISTENT=0"]:
+        cfg = R.parse_options(base + extra)
+        h, a, gh = (torch.empty(N, F, dtype=torch.bfloat16) for _ in range(3))
+        R.launch(x, w1, h, a, R.STORE_H_AND_A, True, cfg["fwd"])
+        a_only = torch.empty_like(a)
+        R.launch(x, w1, torch.empty(0, dtype=torch.bfloat16), a_only, R.STORE_A, True, cfg["fwd"])
+        R.launch(gy, w2, h, gh, R.DRELU2, False, cfg["bwd"])
+        hf = h.double()
+        cases.append(dict(
+            options=base + extra,
+            h_rel=rel(h, h64),
+            a_rel=rel(a, torch.relu(hf) ** 2),
+            a_zero=bool((a[h <= 0] == 0).all()), a_only_equal=bool(torch.equal(a_only, a)),
+            gh_rel=rel(gh, torch.where(hf > 0, ga64 * 2 * hf, 0.0)),
+            gh_zero=bool((gh[h <= 0] == 0).all()),
+        ))
+
+    # the op with autograd, eager and compiled, against the reference (float32 weights cast as the model does)
+    opts = base
+    xs = x.float().reshape(1, N, D).bfloat16().requires_grad_()
+    w1s, w2s = w1.float().requires_grad_(), w2.float().requires_grad_()
+    def mlp(xx, a_, b_, impl):
+        return R.relu2_mlp(xx, a_.type_as(xx), b_.type_as(xx), impl, opts)
+    def run(fn):
+        y = fn(xs, w1s, w2s)
+        grads = torch.autograd.grad(y, (xs, w1s, w2s), gy.reshape(1, N, D))
+        return y, grads
+    y_k, g_k = run(lambda *t: mlp(*t, "triton"))
+    y_r, g_r = run(lambda *t: mlp(*t, "torch"))
+    y_c, g_c = run(torch.compile(lambda *t: mlp(*t, "triton"), fullgraph=True))
+    with torch.no_grad():
+        y_ng = mlp(xs, w1s, w2s, "triton")
+    op = dict(
+        y_rel=rel(y_k, y_r.double()), grad_rel=[rel(a, b.double()) for a, b in zip(g_k, g_r)],
+        grad_dtypes=[str(t.dtype) for t in g_k], shape=list(y_k.shape),
+        compiled_equal=bool(torch.equal(y_c, y_k)) and all(torch.equal(a, b) for a, b in zip(g_c, g_k)),
+        nograd_equal=bool(torch.equal(y_ng, y_k)),
+    )
+
+    # the model passes model.mlp_kernel and model.mlp_options down to the launch
+    from speedrun.config import RunConfig, apply_overrides
+    from speedrun.model import GPT
+    from speedrun.presets import demo
+    calls = []
+    real = R.launch
+    R.launch = lambda *a, **k: (calls.append(k["cfg"]["BLOCK_N"]), real(*a, **k))[1]
+    cfg = demo()
+    apply_overrides(cfg, ["model.num_layers=2", "model.value_embeds=1", "model.model_dim=64",
+                          "model.num_heads=2", "model.head_dim=32", "model.mlp_hidden=256",
+                          "model.long_layers=0", "model.vocab_size=500", "model.mlp_kernel=triton",
+                          "model.mlp_options=BLOCK_M=32,BLOCK_N=32,BLOCK_K=32"])
+    torch.manual_seed(0)
+    model = GPT(cfg.model, cfg.attention)
+    tok = torch.randint(0, 500, (128,))
+    loss_k = model(tok, torch.roll(tok, -1), torch.tensor(2), dtype=torch.bfloat16)
+    loss_k.backward()
+    model.zero_grad()
+    for m in model.modules():
+        if hasattr(m, "kernel") and hasattr(m, "options"):
+            m.kernel = "torch"
+    loss_r = model(tok, torch.roll(tok, -1), torch.tensor(2), dtype=torch.bfloat16)
+    R.launch = real
+    model_case = dict(calls=calls, loss_k=loss_k.item(), loss_r=loss_r.item())
+    print("RESULT " + json.dumps(dict(cases=cases, op=op, model=model_case)))
+''')
+
+
+@pytest.fixture(scope="module")
+def interpreted():
+    return run_interpreted(_INTERPRETED)
+
+
+def test_interpreted_products_and_epilogues(interpreted):
+    slack = 2 * 2 ** -8  # two bfloat16 steps (the interpreter truncates)
+    for case in interpreted["cases"]:
+        assert case["h_rel"] < slack and case["a_rel"] < slack and case["gh_rel"] < 2 * slack, case
+        assert case["a_zero"] and case["gh_zero"] and case["a_only_equal"], case
+
+
+def test_interpreted_op_matches_reference(interpreted):
+    op = interpreted["op"]
+    assert op["shape"] == [1, 200, 64]
+    assert op["grad_dtypes"] == ["torch.bfloat16", "torch.float32", "torch.float32"]
+    assert op["y_rel"] < 0.03 and max(op["grad_rel"]) < 0.03, op
+    assert op["compiled_equal"] and op["nograd_equal"], op
+
+
+def test_model_options_reach_the_launch(interpreted):
+    m = interpreted["model"]
+    # two layers, each: the forward's launch and the backward's, with model.mlp_options' BLOCK_N
+    assert m["calls"] == [32] * 4, m
+    assert abs(m["loss_k"] - m["loss_r"]) < 0.02 * abs(m["loss_r"]), m
+
+
+def test_choice_options_and_validation():
+    x, w1, w2 = torch.zeros(4, 16), torch.zeros(32, 16), torch.zeros(16, 32)
+    assert R.pick(x, w1, w2, "auto") == "torch"  # CPU tensors
+    assert R.pick(x.bfloat16(), w1.bfloat16(), w2.bfloat16(), "triton") == "triton"
+    with pytest.raises(ValueError, match="mlp_kernel=triton"):
+        R.pick(x, w1, w2, "triton")  # float32
+    with pytest.raises(ValueError, match="mlp_kernel=triton"):
+        R.pick(x[:, :12].bfloat16(), w1[:, :12].bfloat16(), w2[:12].bfloat16(), "triton")  # 12 % 8
+    assert torch.equal(R.relu2_mlp(x, w1, w2), R.reference(x, w1, w2))
+    opts = R.parse_options("BLOCK_N=128,bwd.num_stages=4")
+    assert opts["fwd"]["BLOCK_N"] == opts["bwd"]["BLOCK_N"] == 128
+    assert opts["bwd"]["num_stages"] == 4 and opts["fwd"]["num_stages"] == R.KERNEL_CONFIG["fwd"]["num_stages"]
+    for bad in ["BLOCK_Q=1", "side.BLOCK_N=64", "BLOCK_N=big", "BLOCK_N", "BLOCK_N=96", "EPI_SPLIT=3", "H_PTR=2"]:
+        with pytest.raises(ValueError, match="mlp kernel option"):
+            R.parse_options(bad)
+    for field, good, bad in (("model.mlp_kernel", "triton", "fast"),
+                             ("model.mlp_options", "fwd.BLOCK_N=128", "BLOCK_N=96")):
+        cfg = RunConfig()
+        apply_overrides(cfg, [f"{field}={good}"])
+        validate(cfg)
+        apply_overrides(cfg, [f"{field}={bad}"])
+        with pytest.raises(ConfigError, match=field):
+            validate(cfg)
+
+
+@pytest.mark.gpu
+def test_gpu_kernel_at_record_size(cuda):
+    """One layer of one micro-step: 49,152 tokens, 768 -> 3,072. The products sum in another order
+    than cuBLAS, so a few bfloat16 values differ by a step; the ReLU² parts are exact given h."""
+    pytest.importorskip("triton")
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the kernel needs compute capability 9.0+")
+    torch.manual_seed(0)
+    M, D, F = 49152, 768, 3072
+    x = torch.nn.functional.rms_norm(torch.randn(M, D, device="cuda"), (D,)).bfloat16().requires_grad_()
+    w1 = ((torch.rand(F, D, device="cuda") * 2 - 1) * D ** -0.5).requires_grad_()
+    w2 = ((torch.rand(D, F, device="cuda") * 2 - 1) * F ** -0.5).requires_grad_()
+    gy = (torch.randn(M, D, device="cuda") * 1e-3).bfloat16()
+
+    def grads(impl):
+        y = R.relu2_mlp(x, w1.type_as(x), w2.type_as(x), impl)
+        return (y, *torch.autograd.grad(y, (x, w1, w2), gy))
+
+    for got, ref in zip(grads("triton"), grads("torch")):
+        assert got.dtype == ref.dtype and got.shape == ref.shape
+        rel = ((got.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
+        assert rel < 1e-2, rel
+        assert (got != ref).float().mean().item() < 0.2
+
+    h_ref = x.detach() @ w1.bfloat16().T
+    h, a = torch.empty_like(h_ref), torch.empty_like(h_ref)
+    R.launch(x.detach(), w1.bfloat16().detach(), h, a, R.STORE_H_AND_A, True, R.KERNEL_CONFIG["fwd"])
+    assert torch.equal(a, torch.relu(h).square())  # the epilogue's ReLU² of its own h, bit for bit
+    assert ((h.float() - h_ref.float()).abs() <= h_ref.float().abs() * 2 ** -7 + 1e-6).all()
+    gh = torch.empty_like(h)
+    R.launch(gy, w2.bfloat16().detach(), h, gh, R.DRELU2, False, R.KERNEL_CONFIG["bwd"])
+    ga = (gy @ w2.bfloat16().detach()).float()
+    want = torch.where(h > 0, ga * 2 * h.float(), 0.0)
+    assert (gh[h <= 0] == 0).all()
+    assert ((gh.float() - want).abs() <= want.abs() * 2 ** -7 + 1e-9).all()
