@@ -1,6 +1,11 @@
-"""A small random model shared by the inference-side tests (sampling, HellaSwag)."""
+"""A small random model shared by the inference-side tests (sampling, HellaSwag), and a check of
+one config field's validation shared by the kernel tests."""
 
+import pytest
 import torch
+
+from speedrun.config import RunConfig, apply_overrides, validate
+from speedrun.errors import ConfigError
 
 from speedrun.model import GPT
 from speedrun.presets import demo
@@ -25,3 +30,13 @@ def random_tiny_model(seed=0, **fields):
         for name, p in model.named_parameters():
             p.add_(torch.randn_like(p) * (0.2 if name == "scalars" else 0.3 / p.shape[-1] ** 0.5 * 3))
     return model.eval(), cfg
+
+
+def assert_field_validated(field: str, good: str, bad: str) -> None:
+    """`validate` takes field=good and refuses field=bad with an error naming the field."""
+    cfg = RunConfig()
+    apply_overrides(cfg, [f"{field}={good}"])
+    validate(cfg)
+    apply_overrides(cfg, [f"{field}={bad}"])
+    with pytest.raises(ConfigError, match=field):
+        validate(cfg)

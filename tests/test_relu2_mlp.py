@@ -12,9 +12,8 @@ import pytest
 import torch
 
 from interpreter_helpers import run_interpreted
+from model_helpers import assert_field_validated
 from speedrun import relu2_mlp as R
-from speedrun.config import RunConfig, apply_overrides, validate
-from speedrun.errors import ConfigError
 
 _INTERPRETED = textwrap.dedent(r'''
     import json, os, sys
@@ -146,14 +145,8 @@ def test_choice_options_and_validation():
     for bad in ["BLOCK_Q=1", "side.BLOCK_N=64", "BLOCK_N=big", "BLOCK_N", "BLOCK_N=96", "EPI_SPLIT=3", "H_PTR=2"]:
         with pytest.raises(ValueError, match="mlp kernel option"):
             R.parse_options(bad)
-    for field, good, bad in (("model.mlp_kernel", "triton", "fast"),
-                             ("model.mlp_options", "fwd.BLOCK_N=128", "BLOCK_N=96")):
-        cfg = RunConfig()
-        apply_overrides(cfg, [f"{field}={good}"])
-        validate(cfg)
-        apply_overrides(cfg, [f"{field}={bad}"])
-        with pytest.raises(ConfigError, match=field):
-            validate(cfg)
+    assert_field_validated("model.mlp_kernel", "triton", "fast")
+    assert_field_validated("model.mlp_options", "fwd.BLOCK_N=128", "BLOCK_N=96")
 
 
 @pytest.mark.gpu

@@ -311,22 +311,23 @@ def parse_flex_options(text: str) -> dict[str, int | bool]:
     return out
 
 
-def flex_options_ok(text: str) -> bool:
+def parses(parse, text: str) -> bool:
+    """Does parse(text) succeed (no ValueError)?"""
     try:
-        parse_flex_options(text)
+        parse(text)
     except ValueError:
         return False
     return True
+
+
+def flex_options_ok(text: str) -> bool:
+    return parses(parse_flex_options, text)
 
 
 def mlp_options_ok(text: str) -> bool:
     from speedrun.relu2_mlp import parse_options  # the kernel module owns its keys
 
-    try:
-        parse_options(text)
-    except ValueError:
-        return False
-    return True
+    return parses(parse_options, text)
 
 
 def validate(cfg: RunConfig, world_size: int = 1) -> None:
