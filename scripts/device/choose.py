@@ -6,9 +6,9 @@ FlexAttention: the forward options with the lowest estimated forward ms per
 step and the backward options with the lowest forward+backward ms per step,
 each only if it beats torch's defaults by more than 1% and its outputs agree
 with the defaults' (max abs difference < 0.25: other tile orders round
-differently, a broken kernel is far off). QK-norm + rotary: the Triton
-kernel's best variant if it is correct and faster than the compiled
-PyTorch version (forward + backward). Where the best kernel configuration of a
+differently, a broken kernel is far off). (The fourth session also chose
+between `qk_rotary`'s kernels and the compiled reference here; that module
+was replaced by `attn_inputs` in the tenth session.) Where the best kernel configuration of a
 sweep beats the committed default by more than 1%, its `KERNEL_CONFIG` line
 is rewritten in this (device) copy of the sources, so the runs use it; the
 same values are then committed. Mind that the next device call copies the
@@ -43,20 +43,6 @@ def flex_choice(sweep: dict) -> dict:
     return chosen
 
 
-def qk_choice(bench: dict) -> tuple[str, dict | None]:
-    """('triton', its config) when the kernel is correct and its compiled layer beats the compiled
-    reference (forward + backward), else ('torch', None)."""
-    rows, check = bench["compiled"], bench["check"]
-    correct = check["fwd_triton_vs_eager"]["rel_to_max"] < 2e-2 and check["grad_triton_vs_float64"]["rel_to_max"] < 2e-2
-    ref = rows["torch"]["fwd_bwd_us"]
-    name = min(("triton", "triton_tuned"), key=lambda n: rows[n]["fwd_bwd_us"])
-    print(f"qk: compiled reference {ref:.1f} us, triton {rows['triton']['fwd_bwd_us']:.1f}, "
-          f"tuned {rows['triton_tuned']['fwd_bwd_us']:.1f} us (fwd+bwd); correct: {correct}")
-    if not correct or rows[name]["fwd_bwd_us"] >= MARGIN * ref:
-        return "torch", None
-    return "triton", rows[name].get("config")
-
-
 def set_kernel_config(path: Path, config: dict) -> None:
     """Rewrite the `KERNEL_CONFIG = {...}` line of a module with the measured best values."""
     text = path.read_text()
@@ -74,12 +60,6 @@ def main(res: str) -> None:
         opts = flex_choice(json.loads(sweep.read_text()))
         text = ",".join(f"{k}={str(v).lower()}" for k, v in opts.items())
         args.append(f"--set attention.flex_options={text}")
-    qk = res / "qk" / "qk_rotary_bench.json"
-    if qk.exists():
-        impl, config = qk_choice(json.loads(qk.read_text()))
-        args.append(f"--set model.qk_kernel={impl}")
-        if config:
-            set_kernel_config(Path("src/speedrun/qk_rotary.py"), config)
     ce = res / "ce_bench.json"
     if ce.exists():
         rows = json.loads(ce.read_text())["rows"]

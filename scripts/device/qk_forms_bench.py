@@ -12,10 +12,10 @@ halves. The same function written differently may compile to a better kernel:
            per row, 2H rows per token
   roll     joint, and the rotation as x*C + roll(x, D/2)*S with C = (cos, cos), S = (sin, -sin):
            the same products and sums per element, without the halves' masked loads
-  kernel   (CUDA only) qk_rotary's hand-written Triton kernels, one launch each way, for comparison
 
 In eager float32 the three are bit-equal (checked here; the model's test suite holds the model's
-form). Each is compiled alone; the input is the (B, T, 3H, D) projection output, the gradient flows
+form). (The eighth session also timed `qk_rotary`'s hand-written kernels here; `attn_inputs`, which
+replaced them, has its own bench: attn_inputs_bench.py.) Each is compiled alone; the input is the (B, T, 3H, D) projection output, the gradient flows
 back into it, as in the model. CUDA events, median of 20 after 3 warm-up calls; results written after
 each form so that a cut-off run still reports what it finished.
 """
@@ -53,14 +53,6 @@ def roll(qkv, rope, tables):
     return qk[:, :, :H], qk[:, :, H:]
 
 
-def kernel(qkv, rope, tables):
-    """The hand-written Triton kernels of `qk_rotary` (model.qk_kernel=triton), in the same compiled context."""
-    from speedrun import qk_rotary
-
-    q, k, _ = qkv.chunk(3, dim=-2)
-    return qk_rotary.qk_norm_rotary(q, k, rope[0], rope[1], "triton")
-
-
 def timed_us(fn):
     """CUDA: `cuda_timing.median_us`; the CPU (a check of the script, not a figure): mean of 5 calls."""
     if torch.cuda.is_available():
@@ -92,7 +84,7 @@ def main(out, device="cuda", T="49152"):
     qkv = qkv32.bfloat16().requires_grad_()
     gouts = [o.bfloat16() for o in outs]
     base = None
-    forms = [("current", current), ("joint", joint), ("roll", roll)] + ([("kernel", kernel)] if device == "cuda" else [])
+    forms = [("current", current), ("joint", joint), ("roll", roll)]
     for name, f in forms:
         t0 = time.time()
         cf = torch.compile(f)

@@ -19,8 +19,7 @@ TRAIN_EXTRA_FILE=$RES/choice.txt  # the --set arguments choose.py picked
 stage_lab() {
   ( CUDA_VISIBLE_DEVICES=0 python3 -m pytest -m gpu -q tests/ > "$RES/gpu-tests.log" 2>&1
     echo "[gpu0] $(date +%T) GPU tests: $(tail -1 "$RES/gpu-tests.log")"
-    CUDA_VISIBLE_DEVICES=0 python3 scripts/device/qk_rotary_bench.py --out "$RES/qk" > "$RES/qk-bench.log" 2>&1
-    echo "[gpu0] $(date +%T) QK bench: exit $?"; tail -25 "$RES/qk-bench.log"
+    # (the fourth session ran qk_rotary_bench.py here; qk_rotary was replaced by attn_inputs, tenth session)
     CUDA_VISIBLE_DEVICES=0 python3 scripts/device/ce_bench.py "$RES/ce_bench.json" > "$RES/ce-bench.log" 2>&1
     echo "[gpu0] $(date +%T) CE bench: exit $?"; tail -2 "$RES/ce-bench.log" ) > "$RES/q0.log" 2>&1 &
   ( CUDA_VISIBLE_DEVICES=1 python3 scripts/device/flex_sweep.py .proxy "$RES/flex_sweep.json" > "$RES/flex-sweep.log" 2>&1

@@ -60,11 +60,11 @@ class ModelConfig:
     # to 2^-11: about 1 ms less per 49,152-token micro-step on an H200, the loss within ~1e-5).
     # The torch reference ignores it.
     ce_math: str = "precise"
-    # QK RMS-norm + rotary: "torch" (rms_norm, then Rotary.rotate; compiled, Inductor fuses them) |
-    # "triton" (one hand-written kernel each way for q and k, qk_rotary.py) | "auto" (triton on CUDA when
-    # installed). Same math. Default torch: on an H200 the Triton kernels measured slower in the compiled
-    # layer (974 against 765 us forward + backward, docs/benchmarks.md).
-    qk_kernel: str = "torch"
+    # The attention's inputs (QK RMS-norm + rotary, value mixing; attn_inputs.py): "torch" (the model's
+    # operations, compiled by Inductor) | "triton" (one kernel launch each way for q, k and v, the
+    # projection's whole gradient written in place) | "auto" (triton on CUDA when installed). Same math as
+    # the compiled reference; on an H200 2 ms/step less in full runs (docs/benchmarks.md, tenth session).
+    qk_kernel: str = "auto"
     # The ReLU² MLP (relu2_mlp.py): "torch" (two linear layers, compiled: cuBLAS products and Inductor's
     # activation passes) | "triton" (the activation and its derivative in the epilogues of Triton
     # products; bfloat16 on a GPU of capability 9.0+) | "auto" (triton where it can run). Same math

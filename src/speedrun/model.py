@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from speedrun.attention import AttentionMasks, document_ids
 from speedrun.config import AttentionConfig, ModelConfig, parse_flex_options
 from speedrun import head as head_ops
-from speedrun import qk_rotary, relu2_mlp
+from speedrun import attn_inputs, relu2_mlp
 
 
 EVAL_CHUNK = 16384
@@ -129,14 +129,14 @@ class Attention(nn.Module):
         B, T = x.shape[:2]
         H, D = self.cfg.num_heads, self.cfg.head_dim
         qkv = _linear(x, self.qkvo_w[:3].flatten(end_dim=1), self.qkv_b)
+        mixed = ve is not None or self.cfg.value_embeds  # v = λ0 v (+ λ1 ve)
+        if self.cfg.qk_norm and rope is not None and mixed and attn_inputs.pick_impl(qkv, self.cfg.qk_kernel) == "triton":
+            return attn_inputs.attention_inputs(qkv, ve, lambdas, rope[0], rope[1], H, "triton")  # one launch each way
         q, k, v = qkv.view(B, T, 3 * H, D).chunk(3, dim=-2)
-        if self.cfg.qk_norm and rope is not None and qk_rotary.pick_impl(q, self.cfg.qk_kernel) == "triton":
-            q, k = qk_rotary.qk_norm_rotary(q, k, rope[0], rope[1], "triton")  # one fused kernel each way
-        else:
-            if self.cfg.qk_norm:
-                q, k = rms_norm(q), rms_norm(k)
-            if rope is not None:
-                q, k = Rotary.rotate(q, rope), Rotary.rotate(k, rope)
+        if self.cfg.qk_norm:
+            q, k = rms_norm(q), rms_norm(k)
+        if rope is not None:
+            q, k = Rotary.rotate(q, rope), Rotary.rotate(k, rope)
         if ve is not None:
             v = lambdas[0] * v + lambdas[1] * ve.view_as(v)
         elif self.cfg.value_embeds:
