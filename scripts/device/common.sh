@@ -44,6 +44,22 @@ train() {  # train GPU RUN CACHE [fresh]: proxy212 into /tmp/runs/RUN, log $RES/
     --out "/tmp/runs/$2" > "$RES/$2.log" 2>&1
   echo "[gpu$1] $(date +%T) end $2: exit $? | $(grep -E 'cold start' "$RES/$2.log" | head -1) | $(grep -E 'precompile|final val_loss|rror|warning' "$RES/$2.log" | tail -3 | tr '\n' ' ')"
 }
+# ab NAME ARGS...: one A/B bench (3 x 10 steps after warm-up, random tokens) with its own empty compiler
+# caches, extra `speedrun bench` arguments appended; JSON and log in $RES/ab-NAME.*
+ab() {  # ab NAME ARGS...
+  local name=$1; shift
+  echo "$(date +%T) ab $name $*"
+  env $(caches "ab-$name" fresh) python3 -m speedrun.cli bench --preset proxy212 --steps 10 --repeats 3 "$@" \
+    --json "$RES/ab-$name.json" > "$RES/ab-$name.log" 2>&1
+  echo "$(date +%T) ab $name: exit $? | $(grep -E 'ms/step|peak mem|graphs|rror' "$RES/ab-$name.log" | tr '\n' ' ')"
+}
+
+gpu_suite() {  # the whole GPU suite (pytest -m gpu) into $RES/gpu-tests-all.log; $RES/all.done at the end
+  rm -f "$RES"/*.done
+  ( python3 -m pytest -m gpu -q tests > "$RES/gpu-tests-all.log" 2>&1
+    echo "$(date +%T) GPU tests: $(tail -1 "$RES/gpu-tests-all.log")"; touch "$RES/all.done" ) > "$RES/q.log" 2>&1
+}
+
 summaries() {  # one line per run folder under /tmp/runs: the summary's headline figures and its phases
   python3 - <<'PY'
 import json, glob, os

@@ -17,14 +17,6 @@ source scripts/device/common.sh
 unset PYTHONDONTWRITEBYTECODE
 export PYTHONPYCACHEPREFIX=/tmp/pycache
 
-ab() {  # ab NAME ARGS...
-  local name=$1; shift
-  echo "$(date +%T) ab $name $*"
-  env $(caches "ab-$name" fresh) python3 -m speedrun.cli bench --preset proxy212 --steps 10 --repeats 3 "$@" \
-    --json "$RES/ab-$name.json" > "$RES/ab-$name.log" 2>&1
-  echo "$(date +%T) ab $name: exit $? | $(grep -E 'ms/step|peak mem|graphs|rror' "$RES/ab-$name.log" | tr '\n' ' ')"
-}
-
 case "${1:-}" in
   prof)
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv > "$OUT/gpus.csv"
@@ -65,12 +57,7 @@ case "${1:-}" in
       TRAIN_EXTRA_FILE=/tmp/qk.args train 0 full-qk-b ab-qk
       summaries
       touch "$RES/all.done" ) > "$RES/q-full.log" 2>&1 ;;
-  gputests)
-    rm -f "$RES"/*.done
-    ( python3 -m pytest -m gpu -q tests > "$RES/gpu-tests-all.log" 2>&1
-      echo "$(date +%T) GPU tests: $(tail -1 "$RES/gpu-tests-all.log")"; touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
-  wait)
-    follow_and_collect "${2:-560}" "$RES/${3:-all}.done" "$RES/${4:-q.log}"
-    exit $? ;;
+  gputests) gpu_suite ;;
+  wait) follow_and_collect "${2:-560}" "$RES/${3:-all}.done" "$RES/${4:-q.log}"; exit $? ;;
   *) echo "usage: $0 prof | micro | ab NAME ARGS... | full | gputests | wait SECONDS [DONE-NAME [LOG]]" >&2; exit 2 ;;
 esac
