@@ -73,6 +73,11 @@ class ModelConfig:
     # The Triton products' launch ("BLOCK_N=128,fwd.num_stages=4,...", keys relu2_mlp.KEYS): a schedule,
     # not the math; empty = relu2_mlp.KERNEL_CONFIG.
     mlp_options: str = ""
+    # The embedding tables' gradients (embeddings.py): "torch" (autograd's dense embedding backward per
+    # table: Inductor's float32 buffer, atomics, then a rounding pass) | "triton" (the tokens sorted once,
+    # each run of equal tokens summed by a chunked product; bfloat16 written once, deterministic) |
+    # "auto" (triton on CUDA when installed). Same math up to the order of float32 additions.
+    embed_kernel: str = "auto"
 
     @property
     def padded_vocab(self) -> int:
@@ -360,6 +365,8 @@ def validate(cfg: RunConfig, world_size: int = 1) -> None:
          f"must be torch, triton or auto, got {m.qk_kernel!r}"),
         (m.mlp_kernel in ("torch", "triton", "auto"), "model.mlp_kernel",
          f"must be torch, triton or auto, got {m.mlp_kernel!r}"),
+        (m.embed_kernel in ("torch", "triton", "auto"), "model.embed_kernel",
+         f"must be torch, triton or auto, got {m.embed_kernel!r}"),
         (mlp_options_ok(m.mlp_options), "model.mlp_options",
          f"want KEY=INT items (KEY one of the kernel's launch keys, optionally fwd. or bwd.), got {m.mlp_options!r}"),
         (2 * m.value_embeds <= m.num_layers, "model.value_embeds",

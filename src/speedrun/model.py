@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from speedrun.attention import AttentionMasks, document_ids
 from speedrun.config import AttentionConfig, ModelConfig, parse_flex_options
 from speedrun import head as head_ops
-from speedrun import attn_inputs, relu2_mlp
+from speedrun import attn_inputs, embeddings, relu2_mlp
 
 
 EVAL_CHUNK = 16384
@@ -310,8 +310,10 @@ class GPT(nn.Module):
         """Rotary angles for positions pos (all < max_pos), shared by every layer; None without rotary."""
         return None if self.rotary is None else self.rotary.angles(pos, max_pos)
 
-    def embed_tokens(self, tokens: Tensor, pos: Tensor, dtype: torch.dtype) -> Tensor:
-        x = self.embed(tokens).to(dtype)
+    def embed_tokens(self, tokens: Tensor, pos: Tensor, dtype: torch.dtype, looked_up: Tensor | None = None
+                     ) -> Tensor:
+        """The first layer's input; looked_up: self.embed(tokens) when the caller has it already."""
+        x = (self.embed(tokens) if looked_up is None else looked_up).to(dtype)
         if self.pos_embed is not None:
             x = x + self.pos_embed(pos).to(dtype)
         return rms_norm(x) if self.cfg.norm == "rms" else x
@@ -332,8 +334,10 @@ class GPT(nn.Module):
         pos = self.positions(tokens.numel(), tokens.device)
         masks = self.masks(tokens, long_blocks)
         rope = self.rope(pos, tokens.numel())
-        ve = [emb(tokens).to(dtype)[None] for emb in self.value_embeds]
-        x = x0 = self.embed_tokens(tokens, pos, dtype)[None]
+        tables = [self.embed.weight, *(emb.weight for emb in self.value_embeds)]
+        looked_up = embeddings.lookups(tokens, tables, self.cfg.embed_kernel)
+        ve = [v.to(dtype)[None] for v in looked_up[1:]]
+        x = x0 = self.embed_tokens(tokens, pos, dtype, looked_up[0])[None]
         lay = scalar_layout(self.cfg.num_layers)
         skips_w, block_l, attn_l = self.scalars[lay["skip"]], self.scalars[lay["block"]], self.scalars[lay["attn"]]
         L, n_skip = self.cfg.num_layers, self.cfg.num_layers // 2 if self.cfg.unet else 0

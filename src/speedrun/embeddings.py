@@ -1,0 +1,250 @@
+"""Several embedding tables looked up with the same tokens, and their gradients in one sorted pass.
+
+The record looks one row of tokens up in four (V, D) bfloat16 tables: the
+token embedding and three value embeddings. Compiled as plain PyTorch, each
+table's gradient is Inductor's dense embedding backward: fill a (V, D)
+float32 buffer with zeros (154 MB at the record's V = 50,304, D = 768), add
+every token's gradient row into it with float32 atomic adds, then round the
+buffer to bfloat16 in another pass. Four tables, eight micro-steps a step:
+about 20 GB of memory traffic a step, in an order that changes from run to
+run (atomics).
+
+Here the lookups stay `F.embedding` inside the compiled graph (Inductor fuses
+them with what reads them); one autograd function gives all the tables one
+backward op, `speedrun::embedding_backward`:
+
+1. the tokens are sorted once (stably), for every table;
+2. `_chunk_kernel`: a program takes C consecutive sorted positions (and a
+   block of columns) and sums each run of equal tokens in them with one
+   matrix product S = M·G, M[i, j] = [t_i = t_j] (0 or 1, so the products
+   are exact and the sums float32). A run that starts and ends inside the
+   chunk is written straight to its row of the bfloat16 gradient; the
+   chunk's first and last runs' partial sums also go to a small float32
+   buffer (2 rows a chunk);
+3. `_chain_kernel`: each run that crosses a chunk boundary is summed from
+   those partials by the chunk where it starts, walking forward, and written
+   once.
+
+Rows of tokens absent from the row of tokens are zero: one bfloat16 fill,
+half the bytes of the float32 one. Every sum is float32 in a fixed order
+and rounded once, so the gradient is the reference's up to the order of its
+float32 additions, and the same from run to run.
+
+Two implementations (`kernel_choice`): "torch" (`F.embedding` per table, the
+reference; autograd's backward) and "triton" (the function above; CUDA, or
+the CPU under TRITON_INTERPRET=1, where the kernels widen bfloat16 products
+to float32 and round to bfloat16 in integer arithmetic, as the interpreter's
+own conversions truncate).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from speedrun.kernel_choice import TRITON_FOUND, pick_impl
+
+KERNEL_DTYPES = (torch.bfloat16, torch.float32)
+# Sorted positions a program sums (the side of M) and columns a program takes.
+KERNEL_CONFIG = {"CHUNK": 64, "BLOCK_D": 128, "num_warps": 4}
+
+
+def reference(tokens: Tensor, tables: list[Tensor]) -> list[Tensor]:
+    """The lookups as the model writes them without the kernel."""
+    return [F.embedding(tokens, w) for w in tables]
+
+
+def supported(tokens: Tensor, tables: list[Tensor]) -> bool:
+    """Can the kernel's backward take these? One or more 2-D tables of one shape and a kernel dtype, and
+    integer tokens on their device."""
+    if not tables or tokens.is_floating_point() or tokens.is_complex():
+        return False
+    w0 = tables[0]
+    return w0.dim() == 2 and w0.dtype in KERNEL_DTYPES and all(
+        w.shape == w0.shape and w.dtype == w0.dtype and w.device == tokens.device for w in tables)
+
+
+def pick(tokens: Tensor, tables: list[Tensor], impl: str = "auto") -> str:
+    """"torch" or "triton" for these tensors; "triton" asked for where it cannot run is an error."""
+    choice = pick_impl(tokens, impl)
+    if choice == "triton" and not (TRITON_FOUND and supported(tokens, tables)):
+        if impl == "auto":
+            return "torch"
+        raise ValueError("model.embed_kernel=triton needs Triton and tables of one shape, in bfloat16 or "
+                         "float32, on the tokens' device")
+    return choice
+
+
+def lookups(tokens: Tensor, tables: list[Tensor], impl: str = "auto") -> list[Tensor]:
+    """[F.embedding(tokens, w) for w in tables]; impl as `pick`. With "triton" the tables' gradients come
+    from one sorted pass (`speedrun::embedding_backward`)."""
+    if pick(tokens, tables, impl) == "torch":
+        return reference(tokens, tables)
+    return list(_Lookups.apply(tokens, *tables))
+
+
+class _Lookups(torch.autograd.Function):
+    """The plain lookups forward (traced and fused by the compiler); the sorted-pass op backward."""
+
+    @staticmethod
+    def forward(ctx, tokens: Tensor, *tables: Tensor):
+        ctx.save_for_backward(tokens)
+        ctx.num_rows = tables[0].shape[0]
+        return tuple(F.embedding(tokens, w) for w in tables)
+
+    @staticmethod
+    def backward(ctx, *grads: Tensor):
+        (tokens,) = ctx.saved_tensors
+        flat = [g.reshape(-1, g.shape[-1]) for g in grads]
+        return None, *torch.ops.speedrun.embedding_backward(tokens.reshape(-1), flat, ctx.num_rows)
+
+
+# --------------------------------------------------------------------------- the op
+
+
+def _check(tokens: Tensor, grads: list[Tensor], num_rows: int) -> None:
+    if tokens.dim() != 1 or tokens.is_floating_point():
+        raise ValueError(f"embedding_backward: tokens must be 1-D integers, got {tuple(tokens.shape)} {tokens.dtype}")
+    if not grads:
+        raise ValueError("embedding_backward: no gradients given")
+    g0 = grads[0]
+    for g in grads:
+        if g.dim() != 2 or g.shape[0] != tokens.shape[0] or g.shape != g0.shape or g.dtype != g0.dtype:
+            raise ValueError(f"embedding_backward: gradients must all be (N, D) = ({tokens.shape[0]}, D) in one "
+                             f"dtype, got {tuple(g.shape)} {g.dtype} beside {tuple(g0.shape)} {g0.dtype}")
+    if g0.dtype not in KERNEL_DTYPES:
+        raise ValueError(f"embedding_backward: dtype must be one of {KERNEL_DTYPES}, got {g0.dtype}")
+    if num_rows < 1:
+        raise ValueError(f"embedding_backward: num_rows must be >= 1, got {num_rows}")
+
+
+@torch.library.custom_op("speedrun::embedding_backward", mutates_args=())
+def embedding_backward(tokens: Tensor, grads: list[Tensor], num_rows: int) -> list[Tensor]:
+    """For each g in grads ((N, D), one dtype): the (num_rows, D) gradient of the table that tokens (N,)
+    looked up, i.e. row v = the sum of g's rows at the positions where tokens == v."""
+    _check(tokens, grads, num_rows)
+    sorted_tokens, order = torch.sort(tokens, stable=True)
+    outs = [g.new_zeros((num_rows, g.shape[1])) for g in grads]
+    if tokens.numel():
+        for g, out in zip(grads, outs):
+            launch(sorted_tokens, order, g.contiguous(), out)
+    return outs
+
+
+@embedding_backward.register_fake
+def _(tokens, grads, num_rows):
+    return [g.new_empty((num_rows, g.shape[1])) for g in grads]
+
+
+# --------------------------------------------------------------------------- Triton kernels
+
+triton = None  # set by _build_kernel on first use
+tl = None
+_KERNELS = None
+_INTERPRETED = False  # TRITON_INTERPRET=1 when the kernels were defined
+_cast = _chunk_kernel = _chain_kernel = None
+
+
+def _build_kernel():
+    """Import Triton and define the kernels (once). Reads TRITON_INTERPRET at this moment."""
+    global triton, tl, _KERNELS, _INTERPRETED, _cast, _chunk_kernel, _chain_kernel  # module globals: the
+    if _KERNELS is not None:                                                       # interpreter re-runs them
+        return _KERNELS
+    import triton as _triton
+    import triton.language as _tl
+
+    triton, tl = _triton, _tl
+    _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+
+    @triton.jit
+    def _cast(x, P, EMULATE_RNE: tl.constexpr):
+        """float32 x as the element type of pointer P, rounded to nearest even (in integer arithmetic under
+        the interpreter, whose float32 -> bfloat16 conversion truncates)."""
+        if EMULATE_RNE:
+            u = x.to(tl.uint32, bitcast=True)
+            u = u + (((u >> 16) & 1) + 0x7FFF)
+            return ((u >> 16) << 16).to(tl.float32, bitcast=True).to(P.dtype.element_ty)
+        else:
+            return x.to(P.dtype.element_ty)
+
+    @triton.jit
+    def _chunk_kernel(TOK, ORDER, G, OUT, PART, N, D, C: tl.constexpr, BLOCK_D: tl.constexpr,
+                      WIDEN: tl.constexpr, IEEE: tl.constexpr, EMULATE_RNE: tl.constexpr):
+        """Chunk c of the sorted positions: each run of equal tokens summed (S = M G); runs inside the chunk
+        written to OUT, the first and last runs' sums to PART[c, 0] and PART[c, 1]."""
+        c = tl.program_id(0)
+        cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+        col_ok = cols < D
+        p = c * C + tl.arange(0, C)
+        ok = p < N
+        t = tl.load(TOK + p, mask=ok, other=-1)
+        before = tl.load(TOK + p - 1, mask=ok & (p > 0), other=-1)  # the sorted token before each position
+        after_chunk = tl.load(TOK + c * C + C, mask=c * C + C < N, other=-1)  # the next chunk's first
+        rows = tl.load(ORDER + p, mask=ok, other=0).to(tl.int64)
+        g = tl.load(G + rows[:, None] * D + cols[None, :], mask=ok[:, None] & col_ok[None, :], other=0.0)
+        same = (t[:, None] == t[None, :]) & ok[:, None] & ok[None, :]
+        if WIDEN:
+            s = tl.dot(same.to(tl.float32), g.to(tl.float32), input_precision="ieee")
+        elif IEEE:
+            s = tl.dot(same.to(g.dtype), g, input_precision="ieee")
+        else:
+            s = tl.dot(same.to(g.dtype), g)
+        inside = ok & (t != before) & (t != after_chunk)  # a run's first position, the run ends in the chunk
+        dst = OUT + t.to(tl.int64)[:, None] * D + cols[None, :]
+        tl.store(dst, _cast(s, OUT, EMULATE_RNE), mask=inside[:, None] & col_ok[None, :])
+        last = tl.minimum(N - c * C, C) - 1
+        idx = tl.arange(0, C)[:, None]
+        first_sum = tl.sum(tl.where(idx == 0, s, 0.0), axis=0)
+        last_sum = tl.sum(tl.where(idx == last, s, 0.0), axis=0)
+        tl.store(PART + (2 * c) * D + cols, first_sum, mask=col_ok)
+        tl.store(PART + (2 * c + 1) * D + cols, last_sum, mask=col_ok)
+
+    @triton.jit
+    def _chain_kernel(TOK, OUT, PART, N, D, C: tl.constexpr, BLOCK_D: tl.constexpr, EMULATE_RNE: tl.constexpr):
+        """If chunk c's last run starts in chunk c and goes on into the next chunk: its sum over the chunks
+        it covers (PART[c, 1], then PART[k, 0] for k = c+1, ...), written to its row of OUT."""
+        c = tl.program_id(0)
+        cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+        col_ok = cols < D
+        start = c * C
+        end = tl.minimum(start + C, N)  # one past the chunk's last position
+        tok = tl.load(TOK + end - 1)
+        first = tl.load(TOK + start)
+        before = tl.load(TOK + start - 1, mask=start > 0, other=-1)
+        after = tl.load(TOK + end, mask=end < N, other=-1)
+        starts_here = (first != tok) | (before != tok)
+        if (after == tok) & starts_here:
+            acc = tl.load(PART + (2 * c + 1) * D + cols, mask=col_ok, other=0.0)
+            k = c + 1
+            go = after == tok
+            while go:
+                acc += tl.load(PART + (2 * k) * D + cols, mask=col_ok, other=0.0)
+                k_end = tl.minimum(k * C + C, N)
+                k_tail = tl.load(TOK + k_end - 1)
+                k_after = tl.load(TOK + k_end, mask=k_end < N, other=-1)
+                go = (k_tail == tok) & (k_after == tok)
+                k += 1
+            tl.store(OUT + tok.to(tl.int64) * D + cols, _cast(acc, OUT, EMULATE_RNE), mask=col_ok)
+
+    _KERNELS = (_chunk_kernel, _chain_kernel)
+    return _KERNELS
+
+
+def launch(sorted_tokens: Tensor, order: Tensor, g: Tensor, out: Tensor, cfg: dict[str, int] | None = None) -> None:
+    """Add g's rows (N, D) into out (V, D), zeros on entry, by sorted_tokens (N,) and order (the sort's
+    permutation: sorted position -> row of g)."""
+    chunk_kernel, chain_kernel = _build_kernel()
+    cfg = dict(KERNEL_CONFIG, **(cfg or {}))
+    N, D = g.shape
+    C, BD = cfg["CHUNK"], cfg["BLOCK_D"]
+    chunks = triton.cdiv(N, C)
+    part = torch.empty((chunks, 2, D), dtype=torch.float32, device=g.device)
+    grid = (chunks, triton.cdiv(D, BD))
+    widen = g.device.type != "cuda"  # the interpreter's bfloat16 products are wrong; float32 ones are exact here
+    rne = _INTERPRETED and out.dtype == torch.bfloat16
+    chunk_kernel[grid](sorted_tokens, order, g, out, part, N, D, C=C, BLOCK_D=BD, WIDEN=widen,
+                       IEEE=g.dtype == torch.float32, EMULATE_RNE=rne, num_warps=cfg["num_warps"])
+    chain_kernel[grid](sorted_tokens, out, part, N, D, C=C, BLOCK_D=BD, EMULATE_RNE=rne, num_warps=1)
