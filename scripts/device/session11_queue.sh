@@ -10,6 +10,8 @@
 #             one call's carry)
 #   full      restore the kept shards beside the carried one; two proxy212 runs of the default code at once,
 #             GPU 0 and GPU 1, on the benches' caches
+#   micro1    (one-GPU machine) embed_bench.py, then the A/B pair emb2 / base2 on GPU 0 one after the other
+#   full1     (one-GPU machine) one proxy212 run of the default code on the emb2 bench's caches
 #   gputests  the whole GPU suite (pytest -m gpu) on GPU 0
 #   wait S [D [LOG]]  print LOG (default q.log) until $RES/D.done exists (default all) or S seconds passed;
 #             tar the results into $OUT
@@ -89,7 +91,24 @@ case "${1:-}" in
       wait
       summaries
       touch "$RES/all.done" ) > "$RES/q-full.log" 2>&1 ;;
+  micro1)  # one-GPU machine: embed_bench.py, then the A/B pair on GPU 0, one after the other
+    rm -f "$RES"/*.done
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv > "$RES/gpus1.csv"
+    unpack_proxy
+    bytecode_on
+    ( (cd scripts/device && python3 embed_bench.py "$RES/embed2.json" ../../.proxy/fineweb_val_000000.bin) \
+        > "$RES/embed2.log" 2>&1
+      echo "$(date +%T) embed_bench: exit $? | $(grep -E '^(ref|accuracy)' "$RES/embed2.log" | cut -c1-400 | tr '\n' ' ')"
+      touch "$RES/first.done"
+      ab_on 0 emb2 ab-emb fresh
+      ab_on 0 base2 ab-base fresh -- --set model.embed_kernel=torch
+      touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
+  full1)  # one-GPU machine: one proxy212 run of the default code on the emb bench's caches
+    rm -f "$RES"/*.done
+    cp -n /tmp/proxy-keep/*.xz .proxy/ && unpack_proxy && ls .proxy
+    bytecode_on
+    ( train 0 full-emb2 ab-emb; summaries; touch "$RES/all.done" ) > "$RES/q-full.log" 2>&1 ;;
   gputests) bytecode_on; CUDA_VISIBLE_DEVICES=0 gpu_suite ;;
   wait) follow_and_collect "${2:-560}" "$RES/${3:-all}.done" "$RES/${4:-q.log}"; exit $? ;;
-  *) echo "usage: $0 micro | twogpu | stage | full | gputests | wait SECONDS [DONE-NAME [LOG]]" >&2; exit 2 ;;
+  *) echo "usage: $0 micro | twogpu | stage | full | micro1 | full1 | gputests | wait SECONDS [DONE-NAME [LOG]]" >&2; exit 2 ;;
 esac

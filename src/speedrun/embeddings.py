@@ -13,11 +13,11 @@ Here the lookups stay `F.embedding` inside the compiled graph (Inductor fuses
 them with what reads them); one autograd function gives all the tables one
 backward op, `speedrun::embedding_backward`:
 
-1. the tokens are sorted once (stably), for every table;
+1. the tokens are sorted once (stably, as 16-bit keys), for every table;
 2. `_chunk_kernel`: a program takes C consecutive sorted positions (and a
-   block of columns) and sums each run of equal tokens in them with one
-   matrix product S = M·G, M[i, j] = [t_i = t_j] (0 or 1, so the products
-   are exact and the sums float32). A run that starts and ends inside the
+   block of columns) and, for each table, sums each run of equal tokens in
+   them with one matrix product S = M·G, M[i, j] = [t_i = t_j] (0 or 1, so
+   the products are exact and the sums float32). A run that starts and ends inside the
    chunk is written straight to its row of the bfloat16 gradient; the
    chunk's first and last runs' partial sums also go to a small float32
    buffer (2 rows a chunk);
@@ -48,8 +48,10 @@ from torch import Tensor
 from speedrun.kernel_choice import TRITON_FOUND, pick_impl
 
 KERNEL_DTYPES = (torch.bfloat16, torch.float32)
-# Sorted positions a program sums (the side of M) and columns a program takes.
-KERNEL_CONFIG = {"CHUNK": 64, "BLOCK_D": 128, "num_warps": 4}
+# Sorted positions a program sums (the side of M), columns a program takes, warps. Swept on an H200 at the
+# record's size (scripts/device/embed_bench.py, 27 launches, one table a launch; docs/benchmarks.md,
+# eleventh session): 64 x 128 with 2 warps 278 us for four tables, 4 warps 392, 32 x 128 297.
+KERNEL_CONFIG = {"CHUNK": 64, "BLOCK_D": 128, "num_warps": 2}
 
 
 def reference(tokens: Tensor, tables: list[Tensor]) -> list[Tensor]:
@@ -126,12 +128,21 @@ def embedding_backward(tokens: Tensor, grads: list[Tensor], num_rows: int) -> li
     """For each g in grads ((N, D), one dtype): the (num_rows, D) gradient of the table that tokens (N,)
     looked up, i.e. row v = the sum of g's rows at the positions where tokens == v."""
     _check(tokens, grads, num_rows)
-    sorted_tokens, order = torch.sort(tokens, stable=True)
+    keys, order = sort_keys(tokens, num_rows)
     outs = [g.new_zeros((num_rows, g.shape[1])) for g in grads]
     if tokens.numel():
-        for g, out in zip(grads, outs):
-            launch(sorted_tokens, order, g.contiguous(), out)
+        for i in range(0, len(grads), MAX_TABLES):
+            launch(keys, order, [g.contiguous() for g in grads[i : i + MAX_TABLES]], outs[i : i + MAX_TABLES])
     return outs
+
+
+def sort_keys(tokens: Tensor, num_rows: int) -> tuple[Tensor, Tensor]:
+    """(sorted keys, the sort's permutation). Only runs of equal tokens matter, not their order, so with
+    num_rows <= 65,535 the keys are the tokens wrapped to int16 (one-to-one there; the kernels read a key k
+    as the row k & 0xFFFF, and -1, row 65,535, is free for their sentinel): a radix sort of 16-bit keys
+    is a quarter of a 64-bit one (156 us for 49,152 int64 tokens on an H200)."""
+    keys = tokens.to(torch.int16 if num_rows <= 65535 else torch.int32)
+    return torch.sort(keys, stable=True)
 
 
 @embedding_backward.register_fake
@@ -141,17 +152,20 @@ def _(tokens, grads, num_rows):
 
 # --------------------------------------------------------------------------- Triton kernels
 
+MAX_TABLES = 4  # tables one launch takes (pointer arguments); more go in further launches
+
 triton = None  # set by _build_kernel on first use
 tl = None
 _KERNELS = None
 _INTERPRETED = False  # TRITON_INTERPRET=1 when the kernels were defined
-_cast = _chunk_kernel = _chain_kernel = None
+_cast = _row = _pick = _chunk_sums = _chunk_kernel = _chain_kernel = None
 
 
 def _build_kernel():
     """Import Triton and define the kernels (once). Reads TRITON_INTERPRET at this moment."""
-    global triton, tl, _KERNELS, _INTERPRETED, _cast, _chunk_kernel, _chain_kernel  # module globals: the
-    if _KERNELS is not None:                                                       # interpreter re-runs them
+    global triton, tl, _KERNELS, _INTERPRETED, _cast, _row, _pick, _chunk_sums, _chunk_kernel  # module
+    global _chain_kernel  # globals: the interpreter re-runs them
+    if _KERNELS is not None:
         return _KERNELS
     import triton as _triton
     import triton.language as _tl
@@ -171,80 +185,121 @@ def _build_kernel():
             return x.to(P.dtype.element_ty)
 
     @triton.jit
-    def _chunk_kernel(TOK, ORDER, G, OUT, PART, N, D, C: tl.constexpr, BLOCK_D: tl.constexpr,
-                      WIDEN: tl.constexpr, IEEE: tl.constexpr, EMULATE_RNE: tl.constexpr):
-        """Chunk c of the sorted positions: each run of equal tokens summed (S = M G); runs inside the chunk
-        written to OUT, the first and last runs' sums to PART[c, 0] and PART[c, 1]."""
-        c = tl.program_id(0)
-        cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-        col_ok = cols < D
-        p = c * C + tl.arange(0, C)
-        ok = p < N
-        t = tl.load(TOK + p, mask=ok, other=-1)
-        before = tl.load(TOK + p - 1, mask=ok & (p > 0), other=-1)  # the sorted token before each position
-        after_chunk = tl.load(TOK + c * C + C, mask=c * C + C < N, other=-1)  # the next chunk's first
-        rows = tl.load(ORDER + p, mask=ok, other=0).to(tl.int64)
+    def _row(key, KEY16: tl.constexpr):
+        """The table row of a sort key (int32): int16 keys wrapped the tokens."""
+        if KEY16:
+            return (key & 0xFFFF).to(tl.int64)
+        else:
+            return key.to(tl.int64)
+
+    @triton.jit
+    def _pick(e: tl.constexpr, P0, P1, P2, P3):
+        """The e-th of four pointers (e a constant)."""
+        if e == 0:
+            return P0
+        elif e == 1:
+            return P1
+        elif e == 2:
+            return P2
+        else:
+            return P3
+
+    @triton.jit
+    def _chunk_sums(G, OUT, PART, same, rows, dst, inside, ok, last, cols, col_ok, c, D, C: tl.constexpr,
+                    WIDEN: tl.constexpr, IEEE: tl.constexpr, EMULATE_RNE: tl.constexpr):
+        """One table: S = M G over the chunk; runs inside the chunk to OUT, first and last runs to PART."""
         g = tl.load(G + rows[:, None] * D + cols[None, :], mask=ok[:, None] & col_ok[None, :], other=0.0)
-        same = (t[:, None] == t[None, :]) & ok[:, None] & ok[None, :]
         if WIDEN:
             s = tl.dot(same.to(tl.float32), g.to(tl.float32), input_precision="ieee")
         elif IEEE:
             s = tl.dot(same.to(g.dtype), g, input_precision="ieee")
         else:
             s = tl.dot(same.to(g.dtype), g)
-        inside = ok & (t != before) & (t != after_chunk)  # a run's first position, the run ends in the chunk
-        dst = OUT + t.to(tl.int64)[:, None] * D + cols[None, :]
         tl.store(dst, _cast(s, OUT, EMULATE_RNE), mask=inside[:, None] & col_ok[None, :])
-        last = tl.minimum(N - c * C, C) - 1
         idx = tl.arange(0, C)[:, None]
-        first_sum = tl.sum(tl.where(idx == 0, s, 0.0), axis=0)
-        last_sum = tl.sum(tl.where(idx == last, s, 0.0), axis=0)
-        tl.store(PART + (2 * c) * D + cols, first_sum, mask=col_ok)
-        tl.store(PART + (2 * c + 1) * D + cols, last_sum, mask=col_ok)
+        tl.store(PART + (2 * c) * D + cols, tl.sum(tl.where(idx == 0, s, 0.0), axis=0), mask=col_ok)
+        tl.store(PART + (2 * c + 1) * D + cols, tl.sum(tl.where(idx == last, s, 0.0), axis=0), mask=col_ok)
 
     @triton.jit
-    def _chain_kernel(TOK, OUT, PART, N, D, C: tl.constexpr, BLOCK_D: tl.constexpr, EMULATE_RNE: tl.constexpr):
+    def _chunk_kernel(TOK, ORDER, G0, G1, G2, G3, O0, O1, O2, O3, PART, N, D, PART_STRIDE, NT: tl.constexpr,
+                      C: tl.constexpr, BLOCK_D: tl.constexpr, KEY16: tl.constexpr, WIDEN: tl.constexpr,
+                      IEEE: tl.constexpr, EMULATE_RNE: tl.constexpr):
+        """Chunk c of the sorted positions, for each of the NT tables: each run of equal tokens summed
+        (S = M G); runs inside the chunk written to OUT, the first and last runs' sums to PART[c, 0/1]."""
+        c = tl.program_id(0)
+        cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+        col_ok = cols < D
+        p = c * C + tl.arange(0, C)
+        ok = p < N
+        t = tl.load(TOK + p, mask=ok, other=-1).to(tl.int32)
+        before = tl.load(TOK + p - 1, mask=ok & (p > 0), other=-1).to(tl.int32)  # the sorted key before each
+        after_chunk = tl.load(TOK + c * C + C, mask=c * C + C < N, other=-1).to(tl.int32)  # next chunk's first
+        rows = tl.load(ORDER + p, mask=ok, other=0).to(tl.int64)
+        same = (t[:, None] == t[None, :]) & ok[:, None] & ok[None, :]
+        inside = ok & (t != before) & (t != after_chunk)  # a run's first position, the run ends in the chunk
+        dst = _row(t, KEY16)[:, None] * D + cols[None, :]
+        last = tl.minimum(N - c * C, C) - 1
+        for e in tl.static_range(NT):
+            _chunk_sums(_pick(e, G0, G1, G2, G3), _pick(e, O0, O1, O2, O3), PART + e * PART_STRIDE, same,
+                        rows, _pick(e, O0, O1, O2, O3) + dst, inside, ok, last, cols, col_ok, c, D, C, WIDEN,
+                        IEEE, EMULATE_RNE)
+
+    @triton.jit
+    def _chain_kernel(TOK, O0, O1, O2, O3, PART, N, D, PART_STRIDE, NT: tl.constexpr, C: tl.constexpr,
+                      BLOCK_D: tl.constexpr, KEY16: tl.constexpr, EMULATE_RNE: tl.constexpr):
         """If chunk c's last run starts in chunk c and goes on into the next chunk: its sum over the chunks
-        it covers (PART[c, 1], then PART[k, 0] for k = c+1, ...), written to its row of OUT."""
+        it covers (PART[c, 1], then PART[k, 0] for k = c+1, ...), written to its row of each table's OUT."""
         c = tl.program_id(0)
         cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
         col_ok = cols < D
         start = c * C
         end = tl.minimum(start + C, N)  # one past the chunk's last position
-        tok = tl.load(TOK + end - 1)
-        first = tl.load(TOK + start)
-        before = tl.load(TOK + start - 1, mask=start > 0, other=-1)
-        after = tl.load(TOK + end, mask=end < N, other=-1)
+        tok = tl.load(TOK + end - 1).to(tl.int32)
+        first = tl.load(TOK + start).to(tl.int32)
+        before = tl.load(TOK + start - 1, mask=start > 0, other=-1).to(tl.int32)
+        after = tl.load(TOK + end, mask=end < N, other=-1).to(tl.int32)
         starts_here = (first != tok) | (before != tok)
         if (after == tok) & starts_here:
-            acc = tl.load(PART + (2 * c + 1) * D + cols, mask=col_ok, other=0.0)
-            k = c + 1
-            go = after == tok
-            while go:
-                acc += tl.load(PART + (2 * k) * D + cols, mask=col_ok, other=0.0)
-                k_end = tl.minimum(k * C + C, N)
-                k_tail = tl.load(TOK + k_end - 1)
-                k_after = tl.load(TOK + k_end, mask=k_end < N, other=-1)
-                go = (k_tail == tok) & (k_after == tok)
-                k += 1
-            tl.store(OUT + tok.to(tl.int64) * D + cols, _cast(acc, OUT, EMULATE_RNE), mask=col_ok)
+            for e in tl.static_range(NT):
+                part = PART + e * PART_STRIDE
+                acc = tl.load(part + (2 * c + 1) * D + cols, mask=col_ok, other=0.0)
+                k = c + 1
+                go = after == tok
+                while go:
+                    acc += tl.load(part + (2 * k) * D + cols, mask=col_ok, other=0.0)
+                    k_end = tl.minimum(k * C + C, N)
+                    k_tail = tl.load(TOK + k_end - 1).to(tl.int32)
+                    k_after = tl.load(TOK + k_end, mask=k_end < N, other=-1).to(tl.int32)
+                    go = (k_tail == tok) & (k_after == tok)
+                    k += 1
+                out = _pick(e, O0, O1, O2, O3)
+                tl.store(out + _row(tok, KEY16) * D + cols, _cast(acc, out, EMULATE_RNE), mask=col_ok)
 
     _KERNELS = (_chunk_kernel, _chain_kernel)
     return _KERNELS
 
 
-def launch(sorted_tokens: Tensor, order: Tensor, g: Tensor, out: Tensor, cfg: dict[str, int] | None = None) -> None:
-    """Add g's rows (N, D) into out (V, D), zeros on entry, by sorted_tokens (N,) and order (the sort's
-    permutation: sorted position -> row of g)."""
+def launch(keys: Tensor, order: Tensor, grads: list[Tensor], outs: list[Tensor],
+           cfg: dict[str, int] | None = None) -> None:
+    """Add each g's rows (N, D) into its out (V, D), zeros on entry, by the sorted keys (N,; `sort_keys`)
+    and order (the sort's permutation: sorted position -> row of g); up to MAX_TABLES tables."""
     chunk_kernel, chain_kernel = _build_kernel()
+    if not 1 <= len(grads) == len(outs) <= MAX_TABLES:
+        raise ValueError(f"embeddings.launch: 1 to {MAX_TABLES} gradients and as many outputs, got "
+                         f"{len(grads)} and {len(outs)}")
     cfg = dict(KERNEL_CONFIG, **(cfg or {}))
-    N, D = g.shape
+    N, D = grads[0].shape
     C, BD = cfg["CHUNK"], cfg["BLOCK_D"]
     chunks = triton.cdiv(N, C)
-    part = torch.empty((chunks, 2, D), dtype=torch.float32, device=g.device)
+    part = torch.empty((len(grads), chunks, 2, D), dtype=torch.float32, device=grads[0].device)
     grid = (chunks, triton.cdiv(D, BD))
-    widen = g.device.type != "cuda"  # the interpreter's bfloat16 products are wrong; float32 ones are exact here
-    rne = _INTERPRETED and out.dtype == torch.bfloat16
-    chunk_kernel[grid](sorted_tokens, order, g, out, part, N, D, C=C, BLOCK_D=BD, WIDEN=widen,
-                       IEEE=g.dtype == torch.float32, EMULATE_RNE=rne, num_warps=cfg["num_warps"])
-    chain_kernel[grid](sorted_tokens, out, part, N, D, C=C, BLOCK_D=BD, EMULATE_RNE=rne, num_warps=1)
+    g4 = (grads + grads[:1] * MAX_TABLES)[:MAX_TABLES]  # unused slots: never read (NT tables only)
+    o4 = (outs + outs[:1] * MAX_TABLES)[:MAX_TABLES]
+    key16 = keys.dtype == torch.int16
+    widen = grads[0].device.type != "cuda"  # the interpreter's bfloat16 products are wrong; float32's exact
+    rne = _INTERPRETED and outs[0].dtype == torch.bfloat16
+    chunk_kernel[grid](keys, order, *g4, *o4, part, N, D, part.stride(0), NT=len(grads), C=C, BLOCK_D=BD,
+                       KEY16=key16, WIDEN=widen, IEEE=grads[0].dtype == torch.float32, EMULATE_RNE=rne,
+                       num_warps=cfg["num_warps"])
+    chain_kernel[grid](keys, *o4, part, N, D, part.stride(0), NT=len(grads), C=C, BLOCK_D=BD, KEY16=key16,
+                       EMULATE_RNE=rne, num_warps=1)
