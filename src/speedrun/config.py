@@ -74,10 +74,12 @@ class ModelConfig:
     # not the math; empty = relu2_mlp.KERNEL_CONFIG.
     mlp_options: str = ""
     # The embedding tables' gradients (embeddings.py): "torch" (autograd's dense embedding backward per
-    # table: Inductor's float32 buffer, atomics, then a rounding pass) | "triton" (the tokens sorted once,
-    # each run of equal tokens summed by a chunked product; bfloat16 written once, deterministic) |
-    # "auto" (triton on CUDA when installed). Same math up to the order of float32 additions.
-    embed_kernel: str = "auto"
+    # table: Inductor's float32 buffer, atomics, then a rounding pass; the default) | "triton" (the tokens
+    # sorted once, each run of equal tokens summed by a chunked product, bfloat16 written once: the same
+    # gradients from run to run) | "auto" (triton on CUDA when installed). Same math up to the order of
+    # float32 additions. Not faster in the step on an H200 (656.19 against 656.25 ms, docs/benchmarks.md,
+    # eleventh session), so opt-in.
+    embed_kernel: str = "torch"
 
     @property
     def padded_vocab(self) -> int:

@@ -30,6 +30,15 @@ half the bytes of the float32 one. Every sum is float32 in a fixed order
 and rounded once, so the gradient is the reference's up to the order of its
 float32 additions, and the same from run to run.
 
+Measured on an H200 (docs/benchmarks.md, eleventh session): the sort of
+16-bit keys 97.5 µs (int64 150 µs), the bfloat16 fill 103 µs, the kernels
+280 µs for the four tables; yet the step was no faster (656.19 against
+656.25 ms/step, one GPU, the same machine; an earlier launch: 637.81 against
+639.54). Inductor fuses its atomic adds into the kernels that produce the
+upstream gradients, so in the model its backward costs less than alone, while
+this op needs those gradients written out. It stays an option
+(`model.embed_kernel`, default "torch") for its determinism.
+
 Two implementations (`kernel_choice`): "torch" (`F.embedding` per table, the
 reference; autograd's backward) and "triton" (the function above; CUDA, or
 the CPU under TRITON_INTERPRET=1, where the kernels widen bfloat16 products

@@ -1,6 +1,6 @@
 """Choosing between a fused Triton kernel and its PyTorch reference.
 
-Each fused-kernel module (`softcap_ce`, `attn_inputs`, `transpose`) offers the same three
+Each fused-kernel module (`softcap_ce`, `attn_inputs`, `transpose`, `embeddings`) offers the same three
 implementations: "torch" (the reference the tests hold the kernel to),
 "triton" (the kernel: CUDA, or a CPU under TRITON_INTERPRET=1) and "auto"
 (the kernel for CUDA tensors when Triton is installed, the reference
