@@ -75,8 +75,46 @@ def test_dense_mask_rules():
     assert m[15, 8] and not m[15, 7]  # window: blocks 2 and 3 only
 
 
-@pytest.mark.parametrize("seed", range(3))
-def test_flex_equals_dense_forward_cpu(seed):
+def refined_mask(docs, w, bs, sb):
+    """Expand the `sparse_block`-granular selection to a (T, T) mask: partial sub-blocks through the
+    token rule, full ones wholly (so a wrongly "full" sub-block shows)."""
+    from speedrun.attention import _kept_dense, refined_blocks
+
+    p, pi, f, fi = refined_blocks(block_structure(docs, bs), torch.tensor(w), bs, sb)
+    part, full = _kept_dense(p, pi).bool(), _kept_dense(f, fi).bool()
+    assert not (part & full).any()
+    t = docs.numel()
+    pos = torch.arange(t)
+    allowed = (pos[:, None] >= pos) & (docs[:, None] == docs)
+    grow = lambda m: m.repeat_interleave(sb, 0).repeat_interleave(sb, 1)  # noqa: E731
+    return (grow(part) & allowed) | grow(full)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_finer_sparse_blocks_compute_the_same_mask(seed):
+    """`attention.sparse_block`: the window is chosen among block_size blocks, the kernel's blocks
+    are finer; the mask they give must be the dense reference's, token for token."""
+    gen = torch.Generator().manual_seed(seed)
+    bs = 16
+    docs = document_ids(random_tokens(bs * 16, [0.0, 0.01, 0.05, 0.2, 0.1][seed], gen))
+    for w in [0, 1, 2, 3, 5, 100]:
+        for sb in (16, 8, 4):
+            assert torch.equal(refined_mask(docs, w, bs, sb), dense_mask(docs, w, bs)), (seed, w, sb)
+
+
+def test_finer_sparse_blocks_skip_invisible_tiles():
+    """One document: the diagonal block's upper sub-block is dropped and its lower one is full."""
+    from speedrun.attention import _kept_dense, refined_blocks
+
+    docs = torch.zeros(64, dtype=torch.long)
+    p, pi, f, fi = refined_blocks(block_structure(docs, 32), torch.tensor(1), 32, 16)
+    part, full = _kept_dense(p, pi).bool(), _kept_dense(f, fi).bool()
+    assert part.tolist() == [[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]]
+    assert full.tolist() == [[0, 0, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0], [0, 0, 1, 0]]
+
+
+@pytest.mark.parametrize("seed,sparse", [(0, None), (1, None), (2, None), (0, 64), (1, 32), (2, 64)])
+def test_flex_equals_dense_forward_cpu(seed, sparse):
     gen = torch.Generator().manual_seed(seed)
     bs, T, H, D = 128, 512, 2, 16
     tok = random_tokens(T, 0.004 * (seed + 1), gen)
@@ -84,7 +122,7 @@ def test_flex_equals_dense_forward_cpu(seed):
     q, k, v = (torch.randn(1, H, T, D, generator=gen) for _ in range(3))
     for w in [1, 2, 3]:
         long, short = torch.tensor(w), torch.tensor(max(w // 2, 1))
-        flex = AttentionMasks(docs, long, short, bs, "flex")
+        flex = AttentionMasks(docs, long, short, bs, "flex", sparse_block=sparse)
         dense = AttentionMasks(docs, long, short, bs, "dense")
         for is_long in (True, False):
             a = flex.attend(q, k, v, is_long, 0.12)
@@ -93,17 +131,23 @@ def test_flex_equals_dense_forward_cpu(seed):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("seed", range(3))
-def test_compiled_flex_equals_dense_with_grad_gpu(cuda, seed):
+@pytest.mark.parametrize("seed,sparse", [(0, None), (1, None), (2, None), (0, 64), (1, 64)])
+def test_compiled_flex_equals_dense_with_grad_gpu(cuda, seed, sparse):
+    from speedrun.flex_tiles import use_sparse_block
+
     gen = torch.Generator().manual_seed(seed)
     bs, T, H, D = 128, 4096, 6, 128
     tok = random_tokens(T, 0.002 * (seed + 1), gen).to(cuda)
     docs = document_ids(tok)
     qkv = [torch.randn(1, H, T, D, generator=gen).to(cuda, torch.bfloat16).requires_grad_() for _ in range(3)]
+    if sparse:  # after the other seeds' backward compiles: the device thread's choices must change too
+        use_sparse_block(sparse, bs, cuda)
+    options = ({"fwd_BLOCK_M": 64, "fwd_BLOCK_N": 64, "bwd_BLOCK_M1": 32, "bwd_BLOCK_N1": 64,
+                "bwd_BLOCK_M2": 64, "bwd_BLOCK_N2": 32} if sparse else None)
 
     @torch.compile(fullgraph=True)
     def run_flex(q, k, v, w):
-        return AttentionMasks(docs, w, w // 2, bs, "flex").attend(q, k, v, True, 0.12)
+        return AttentionMasks(docs, w, w // 2, bs, "flex", options, sparse).attend(q, k, v, True, 0.12)
 
     for w in [1, 5, 14]:
         wt = torch.tensor(w, device=cuda, dtype=torch.int32)
@@ -148,3 +192,79 @@ def test_flex_options_reach_the_kernel_call(monkeypatch):
         model.attention_backend = "flex"
         model(torch.randint(0, 300, (256,)), torch.randint(0, 300, (256,)), torch.tensor(2))
         assert seen == [want, want]
+
+
+def test_fine_block_choices_keep_fitting_configs_or_clip(monkeypatch):
+    """Inductor drops backward configurations whose tiles do not divide the mask's block, before the
+    caller's options apply; `FineBlockChoices` keeps those that fit, else clips torch's first."""
+    from torch._inductor.choices import InductorChoices
+    from torch._inductor.template_heuristics.triton import FlexBwDConfig
+
+    from speedrun.flex_tiles import FineBlockChoices, fits
+
+    torch_default = [FlexBwDConfig(64, 128, 128, 64, 3, 8)]
+    monkeypatch.setattr(InductorChoices, "get_flex_attention_bwd_configs", lambda self, *a, **k: list(torch_default))
+    assert FineBlockChoices(128).get_flex_attention_bwd_configs(128, torch.bfloat16) == torch_default
+    got = FineBlockChoices(64).get_flex_attention_bwd_configs(128, torch.bfloat16)
+    assert got == [FlexBwDConfig(64, 64, 64, 64, 3, 8)] and fits(got[0], 64)
+    torch_default.append(FlexBwDConfig(32, 64, 64, 32, 2, 4))
+    assert FineBlockChoices(64).get_flex_attention_bwd_configs(128, torch.bfloat16) == [torch_default[1]]
+
+
+def test_use_sparse_block_installs_only_below_the_block(monkeypatch):
+    from torch._inductor import config as inductor_config
+
+    from speedrun.flex_tiles import FineBlockChoices, use_sparse_block
+
+    monkeypatch.setattr(inductor_config, "inductor_choices_class", None)
+    use_sparse_block(128, 128)
+    assert inductor_config.inductor_choices_class is None
+    from torch._inductor.virtualized import V
+
+    prior = V.choices
+    try:
+        use_sparse_block(64, 128)
+        made = inductor_config.inductor_choices_class()
+        assert isinstance(made, FineBlockChoices) and made.sparse_block == 64
+        assert isinstance(V.choices, FineBlockChoices) and V.choices.sparse_block == 64
+    finally:
+        V.set_choices_handler(prior)
+
+
+def test_sparse_block_option_is_validated():
+    from speedrun.config import RunConfig, apply_overrides, validate
+    from speedrun.errors import ConfigError
+
+    validate(apply_overrides(RunConfig(), ["attention.sparse_block=64"]))
+    for bad in ("48", "8", "256"):
+        with pytest.raises(ConfigError, match="attention.sparse_block"):
+            validate(apply_overrides(RunConfig(), [f"attention.sparse_block={bad}"]))
+    with pytest.raises(ConfigError, match="attention.flex_options"):  # 64-wide tiles on 32-token blocks
+        validate(apply_overrides(RunConfig(), ["attention.sparse_block=32"]))
+
+
+def test_choices_are_installed_in_the_thread_that_runs_the_backward():
+    """`use_sparse_block` reaches autograd's device thread through a backward; here the backward runs
+    in a fresh thread (on the CPU the engine runs it in the caller's) whose choices must then change."""
+    import threading
+
+    from torch._inductor.virtualized import V
+
+    from speedrun.flex_tiles import FineBlockChoices, _InstallOnBackward
+
+    seen = []
+
+    def worker():
+        before = V.choices
+        x = torch.zeros(1, requires_grad=True)
+        _InstallOnBackward.apply(x, 32).sum().backward()
+        seen.append((before, V.choices, x.grad.item()))
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    before, after, grad = seen[0]
+    assert not isinstance(before, FineBlockChoices)
+    assert isinstance(after, FineBlockChoices) and after.sparse_block == 32 and grad == 1.0
+    assert not isinstance(V.choices, FineBlockChoices) or V.choices.sparse_block != 32  # this thread untouched
+

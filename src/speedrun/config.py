@@ -100,9 +100,18 @@ class AttentionConfig:
     segment_len: int = 0  # >0: the row is independent sequences of this length (positions restart)
     # FlexAttention kernel options, "KEY=VALUE,..." (torch's FlexKernelOptions, e.g. fwd_BLOCK_M=128,
     # bwd_num_warps=4); "" = torch's defaults. Tile sizes only: the same function, another schedule.
-    # Default: the forward's best of a sweep on an H200 at the record's shapes (scripts/device/flex_sweep.py:
-    # 19.4 against 22.3 ms per step for torch's 128x64 tiles; no backward option beat torch's default).
-    flex_options: str = "fwd_BLOCK_M=64,fwd_BLOCK_N=64,fwd_num_warps=4,fwd_num_stages=3"
+    # Default: the best of sweeps on an H200 at the record's shapes. Forward (scripts/device/flex_sweep.py):
+    # 64x64 tiles, 19.4 against 22.3 ms per step for torch's 128x64. Backward, on the 64-token mask
+    # (scripts/device/flex_mask_bench.py): (M1, N1, M2, N2) = (32, 64, 64, 32), 4 warps, 4 stages;
+    # forward + backward 69.0 ms per step against 79.2 for torch's (64, 128, 128, 64) on 128-token blocks.
+    flex_options: str = ("fwd_BLOCK_M=64,fwd_BLOCK_N=64,fwd_num_warps=4,fwd_num_stages=3,"
+                         "bwd_BLOCK_M1=32,bwd_BLOCK_N1=64,bwd_BLOCK_M2=64,bwd_BLOCK_N2=32,"
+                         "bwd_num_warps=4,bwd_num_stages=4")
+    # The block mask's granularity for FlexAttention: 0 = block_size. A divisor of block_size gives the
+    # kernel a finer mask with the same function (the window still counts block_size blocks;
+    # attention.py); every *_BLOCK_* tile in flex_options must then divide it. 64: 11-25% fewer tiles
+    # visited and about half the masked ones on FineWeb's documents (docs/performance.md).
+    sparse_block: int = 64
 
 
 @dataclass
@@ -327,6 +336,12 @@ def parses(parse, text: str) -> bool:
     return True
 
 
+def tiles_fit(text: str, block: int) -> bool:
+    """Do the tile sizes among FlexAttention options ("fwd_BLOCK_M=64,...") divide the mask's block?"""
+    tiles = [v for k, v in parse_flex_options(text).items() if "BLOCK_" in k and not isinstance(v, bool)]
+    return all(t > 0 and block % t == 0 for t in tiles)
+
+
 def flex_options_ok(text: str) -> bool:
     return parses(parse_flex_options, text)
 
@@ -383,6 +398,12 @@ def validate(cfg: RunConfig, world_size: int = 1) -> None:
         (a.backend in ("auto", "flex", "dense"), "attention.backend", f"must be auto, flex or dense, got {a.backend!r}"),
         (flex_options_ok(a.flex_options), "attention.flex_options",
          f"must be KEY=VALUE pairs separated by commas (integers or true/false), got {a.flex_options!r}"),
+        (a.sparse_block == 0 or (a.sparse_block >= 16 and a.block_size % a.sparse_block == 0
+                                 and not a.sparse_block & (a.sparse_block - 1)), "attention.sparse_block",
+         f"must be 0 or a power of two >= 16 dividing attention.block_size={a.block_size}, got {a.sparse_block}"),
+        (not flex_options_ok(a.flex_options) or tiles_fit(a.flex_options, a.sparse_block or a.block_size),
+         "attention.flex_options", f"its *_BLOCK_* tiles must divide the mask's block "
+         f"(attention.sparse_block or block_size: {a.sparse_block or a.block_size}), got {a.flex_options!r}"),
         (cfg.optim.kind in ("muon", "adamw"), "optim.kind", f"must be muon or adamw, got {cfg.optim.kind!r}"),
         (t.compile in ("auto", "on", "regional", "off"), "train.compile",
          f"must be auto, on, regional or off, got {t.compile!r}"),
