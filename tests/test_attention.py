@@ -268,3 +268,23 @@ def test_choices_are_installed_in_the_thread_that_runs_the_backward():
     assert isinstance(after, FineBlockChoices) and after.sparse_block == 32 and grad == 1.0
     assert not isinstance(V.choices, FineBlockChoices) or V.choices.sparse_block != 32  # this thread untouched
 
+
+@pytest.mark.parametrize("highest_first", [True, False])
+def test_true_first_is_the_stable_argsort(highest_first):
+    """The block lists are built by prefix sums, not sorts; they must be the stable argsort's
+    permutation exactly, eager and compiled by Inductor."""
+    from speedrun.attention import _true_first
+
+    gen = torch.Generator().manual_seed(int(highest_first))
+    masks = [torch.rand(r, n, generator=gen) < p for r, n, p in
+             [(1, 1, 0.5), (3, 7, 0.0), (5, 33, 1.0), (8, 64, 0.3), (12, 96, 0.7)]]
+    compiled = torch.compile(_true_first, dynamic=False)
+    for mask in masks:
+        if highest_first:
+            ref = mask.to(torch.int8).argsort(dim=-1, stable=True).flip(-1).to(torch.int32)
+        else:
+            ref = mask.to(torch.int32).argsort(dim=-1, descending=True, stable=True).to(torch.int32)
+        for fn in (_true_first, compiled):
+            num, idx = fn(mask, highest_first)
+            assert idx.dtype == num.dtype == torch.int32
+            assert torch.equal(num, mask.sum(-1, dtype=torch.int32)) and torch.equal(idx, ref), mask.shape

@@ -57,11 +57,30 @@ class BlockStructure:
     full_idx: Tensor
 
 
+def _true_first(mask: Tensor, highest_first: bool) -> tuple[Tensor, Tensor]:
+    """Per row of a bool (R, N) mask: the number of True entries (int32), and the column indices,
+    int32, the True ones first, then the False ones, each group highest column first (or lowest).
+
+    Exactly the permutation a stable argsort gives (`highest_first`: flipped ascending argsort of
+    the 0/1 values; else descending), computed by prefix sums and one scatter: the masks are rebuilt
+    every micro-step, and sorting their (NB, NB) rows cost more than the attention saved with
+    64-token blocks (docs/performance.md)."""
+    m = mask.to(torch.int32)
+    n = m.shape[-1]
+    num = m.sum(dim=-1, keepdim=True, dtype=torch.int32)
+    trues = m.cumsum(dim=-1, dtype=torch.int32)  # True entries up to and including each column
+    falses = torch.arange(1, n + 1, dtype=torch.int32, device=m.device) - trues
+    if highest_first:
+        slot = torch.where(mask, num - trues, n - falses)
+    else:
+        slot = torch.where(mask, trues - 1, num + falses - 1)
+    cols = torch.arange(n, dtype=torch.int32, device=m.device).expand_as(m)
+    return num.squeeze(-1), torch.empty_like(m).scatter(-1, slot.long(), cols)
+
+
 def _ordered(mask: Tensor) -> tuple[Tensor, Tensor]:
     """Counts and indices of True entries per row, highest index first."""
-    num = mask.sum(dim=-1, dtype=torch.int32)
-    idx = mask.to(torch.int8).argsort(dim=-1, descending=False, stable=True).flip(-1).to(torch.int32)
-    return num, idx
+    return _true_first(mask, highest_first=True)
 
 
 def _block_classes(docs: Tensor, block_size: int) -> tuple[Tensor, Tensor]:
@@ -142,10 +161,7 @@ def _transposed(num: Tensor, idx: Tensor) -> tuple[Tensor, Tensor]:
     nested, for the batch and head dimensions), which is the costliest thing
     Dynamo traces in the whole model: about 0.6 s for each of the two masks,
     in every compiled graph, on every start, cold or warm."""
-    dense = _kept_dense(num, idx).T.contiguous()
-    q_num = dense.sum(dim=-1, dtype=torch.int32)
-    q_idx = torch.argsort(dense, dim=-1, descending=True, stable=True).to(torch.int32)
-    return q_num, q_idx
+    return _true_first(_kept_dense(num, idx).T > 0, highest_first=False)
 
 
 def refined_blocks(s: BlockStructure, window_blocks: Tensor, block_size: int, sparse_block: int
