@@ -11,7 +11,7 @@
 #           scan bench's caches
 #   wait S [D [LOG]]  print LOG (default q.log) until $RES/D.done exists (default all) or S seconds
 #           passed; tar the results into $OUT
-# Before the call: mkdir -p .old && git archive <the twelfth session's sparse-block commit> src | tar -x -C .old
+# Before the call: mkdir -p .old && git archive 2ea16ad src | tar -x -C .old
 # and carry [".proxy", ".old"] (.proxy without shard 4, which the `full` call carries).
 # Launch: (setsid nohup bash scripts/device/session13_queue.sh micro > /tmp/q-launch.log 2>&1 &)
 set -u
