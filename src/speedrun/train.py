@@ -27,7 +27,6 @@ from speedrun.attention import pick_backend
 from speedrun.config import RunConfig, apply_overrides, validate
 from speedrun.dist import DistInfo, all_ranks, all_reduce_mean, init_distributed, shutdown
 from speedrun.errors import ConfigError, SpeedrunError
-from speedrun.flex_tiles import use_sparse_block
 from speedrun.fp8 import fp8_supported
 from speedrun.model import GPT, count_parameters
 from speedrun.optimizers import build_optimizers
@@ -155,6 +154,8 @@ def build_model(cfg: RunConfig, device: torch.device, world_size: int, dtype: to
         model.rotary.build_table(max(cfg.train.seq_len, cfg.train.val_seq_len))
     model.attention_backend = pick_backend(cfg.attention.backend, device)
     if model.attention_backend == "flex" and cfg.attention.sparse_block:
+        from speedrun.flex_tiles import use_sparse_block  # imports Inductor's heuristics: ~2 s, only here
+
         use_sparse_block(cfg.attention.sparse_block, cfg.attention.block_size, device)
     model.use_fp8 = cfg.model.fp8_head and fp8_supported(device)
     return model
