@@ -71,3 +71,13 @@ for p in sorted(glob.glob("/tmp/runs/*/summary.json")):
     print("   phases", s.get("cold_start_phases_s"))
 PY
 }
+
+queue_start() {  # the start of a queue mode that measures: no stale done files, the GPUs named, shards unpacked
+  rm -f "$RES"/*.done
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv > "$RES/${1:-gpus}.csv"
+  unpack_proxy
+}
+# The tree and all four proxy shards exceed one call's carry: one call carries shards 1-3 and the
+# validation shard and keeps them (stage_proxy); a later call carries shard 4 and restores the rest.
+stage_proxy() { mkdir -p /tmp/proxy-keep && cp -n .proxy/*.xz /tmp/proxy-keep/ && ls -la /tmp/proxy-keep; }
+restore_proxy() { rm -f "$RES"/*.done; cp -n /tmp/proxy-keep/*.xz .proxy/ && unpack_proxy && ls .proxy; }

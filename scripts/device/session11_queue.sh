@@ -50,9 +50,7 @@ embed_micro() {  # GPU 1: the embeddings GPU test and micro-benchmark (no byteco
 
 case "${1:-}" in
   micro)
-    rm -f "$RES"/*.done
-    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv > "$RES/gpus.csv"
-    unpack_proxy
+    queue_start
     ( strict_cold &
       ( embed_micro ) &
       wait
@@ -80,10 +78,9 @@ case "${1:-}" in
         --steps 5 --repeats 3 --comm --json "$RES/comm.json" > "$RES/comm.log" 2>&1
       echo "$(date +%T) comm: exit $? | $(grep -E 'hidden|exposed|rror' "$RES/comm.log" | head -5 | tr '\n' ' ')"
       touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
-  stage) mkdir -p /tmp/proxy-keep && cp -n .proxy/*.xz /tmp/proxy-keep/ && ls -la /tmp/proxy-keep ;;
+  stage) stage_proxy ;;
   full)
-    rm -f "$RES"/*.done
-    cp -n /tmp/proxy-keep/*.xz .proxy/ && unpack_proxy && ls .proxy
+    restore_proxy
     bytecode_on
     rm -rf "$C/ab-emb2" && cp -r "$C/ab-emb" "$C/ab-emb2"
     ( train 0 full-emb ab-emb &
@@ -92,9 +89,7 @@ case "${1:-}" in
       summaries
       touch "$RES/all.done" ) > "$RES/q-full.log" 2>&1 ;;
   micro1)  # one-GPU machine: embed_bench.py, then the A/B pair on GPU 0, one after the other
-    rm -f "$RES"/*.done
-    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv > "$RES/gpus1.csv"
-    unpack_proxy
+    queue_start gpus1
     bytecode_on
     ( (cd scripts/device && python3 embed_bench.py "$RES/embed2.json" ../../.proxy/fineweb_val_000000.bin) \
         > "$RES/embed2.log" 2>&1
@@ -104,8 +99,7 @@ case "${1:-}" in
       ab_on 0 base2 ab-base fresh -- --set model.embed_kernel=torch
       touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
   full1)  # one-GPU machine: one proxy212 run of the default code on the emb bench's caches
-    rm -f "$RES"/*.done
-    cp -n /tmp/proxy-keep/*.xz .proxy/ && unpack_proxy && ls .proxy
+    restore_proxy
     bytecode_on
     ( train 0 full-emb2 ab-emb; summaries; touch "$RES/all.done" ) > "$RES/q-full.log" 2>&1 ;;
   gputests) bytecode_on; CUDA_VISIBLE_DEVICES=0 gpu_suite ;;

@@ -35,9 +35,7 @@ PY
 
 case "${1:-}" in
   micro)
-    rm -f "$RES"/*.done
-    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv > "$RES/gpus.csv"
-    unpack_proxy
+    queue_start
     ( export CUDA_VISIBLE_DEVICES=0
       python3 -m pytest -m gpu -q tests/test_attention.py > "$RES/gpu-tests-attention.log" 2>&1
       echo "$(date +%T) attention GPU tests: $(tail -1 "$RES/gpu-tests-attention.log")"
@@ -62,9 +60,7 @@ case "${1:-}" in
       ab s64 $(cat "$RES/s64.args")
       touch "$RES/all.done" ) > "$RES/q2.log" 2>&1 ;;
   micro3)  # (a fresh machine) the sweep, the s64 GPU tests, then the A/B benches s64 and base
-    rm -f "$RES"/*.done
-    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv > "$RES/gpus.csv"
-    unpack_proxy
+    queue_start
     ( export CUDA_VISIBLE_DEVICES=0
       (cd scripts/device && python3 flex_mask_bench.py ../../.proxy "$RES/flex-mask.json") > "$RES/flex-mask.log" 2>&1
       echo "$(date +%T) flex_mask_bench: exit $?"; grep -v Warning "$RES/flex-mask.log" | tail -12
@@ -76,10 +72,9 @@ case "${1:-}" in
       python3 -m pytest -m gpu -q tests/test_attention.py -k "64" > "$RES/gpu-tests-attention64.log" 2>&1
       echo "$(date +%T) attention GPU tests (64): $(tail -1 "$RES/gpu-tests-attention64.log")"
       touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
-  stage) mkdir -p /tmp/proxy-keep && cp -n .proxy/*.xz /tmp/proxy-keep/ && ls -la /tmp/proxy-keep ;;
+  stage) stage_proxy ;;
   full)
-    rm -f "$RES"/*.done
-    cp -n /tmp/proxy-keep/*.xz .proxy/ && unpack_proxy && ls .proxy
+    restore_proxy
     ( TRAIN_EXTRA_FILE="$RES/s64.args" train 0 full-s64 ab-s64
       train 0 full-base ab-base
       summaries

@@ -30,9 +30,7 @@ ab_src() {  # ab_src NAME SRC [ARGS...]: one bench of the sources under SRC, own
 
 case "${1:-}" in
   micro)
-    rm -f "$RES"/*.done
-    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv > "$RES/gpus.csv"
-    unpack_proxy
+    queue_start
     ( ab_src sort .old/src
       ab_src scan src
       touch "$RES/ab.done"
@@ -45,10 +43,9 @@ case "${1:-}" in
       CUDA_VISIBLE_DEVICES=0 python3 -m pytest -m gpu -q tests > "$RES/gpu-tests-all.log" 2>&1
       echo "$(date +%T) GPU tests: $(tail -1 "$RES/gpu-tests-all.log")"
       touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
-  stage) mkdir -p /tmp/proxy-keep && cp -n .proxy/*.xz /tmp/proxy-keep/ && ls -la /tmp/proxy-keep ;;
+  stage) stage_proxy ;;
   full)
-    rm -f "$RES"/*.done
-    cp -n /tmp/proxy-keep/*.xz .proxy/ && unpack_proxy && ls .proxy
+    restore_proxy
     ( train 0 full-scan ab-scan
       train 0 full-scan-b ab-scan
       summaries
