@@ -78,6 +78,23 @@ def test_spread():
 # ---------------------------------------------------------------- the bench command
 
 
+def test_device_idle_merges_overlaps_and_ranks_gaps():
+    ns = 1000  # spans in microseconds, as ns
+    spans = [(0, 100 * ns, "a"), (50 * ns, 150 * ns, "b"),  # overlap: busy 0-150
+             (155 * ns, 200 * ns, "c"),                        # 5 us gap after b
+             (700 * ns, 800 * ns, "d"),                        # 500 us gap after c
+             (750 * ns, 760 * ns, "e"), (820 * ns, 900 * ns, "f")]  # e inside d; 20 us gap after d
+    r = bench.device_idle(spans, steps=2, top=2)
+    assert r["span_ms_per_step"] == pytest.approx(0.45)
+    assert r["busy_ms_per_step"] == pytest.approx((150 + 45 + 100 + 80) / 2e3)
+    assert r["idle_ms_per_step"] == pytest.approx((5 + 500 + 20) / 2e3)
+    assert r["gaps"] == 3 and r["busy_fraction"] == pytest.approx(375 / 900)
+    assert r["idle_ms_per_step_by_gap"] == pytest.approx(
+        {"<10us": 0.0025, "10-100us": 0.01, "100us-1ms": 0.25, ">=1ms": 0.0})
+    assert r["longest"] == [{"us": 500.0, "after": "c", "before": "d"}, {"us": 20.0, "after": "d", "before": "f"}]
+    assert bench.device_idle([], steps=1) is None
+
+
 def test_bench_cpu_tiny(tmp_path, capsys):
     from speedrun.cli import main
 

@@ -1,6 +1,6 @@
 """FlexAttention with the record's 128-token block mask against finer masks of the same function.
 
-usage: (cd scripts/device && python3 flex_mask_bench.py DATA_DIR OUT_JSON)
+usage: (cd scripts/device && [SWEEP_SET=tiles|options] python3 flex_mask_bench.py DATA_DIR OUT_JSON)
 
 `attention.sparse_block` hands the kernel a mask of sparse_block-token blocks: the window is still
 chosen among 128-token blocks, but sub-blocks no query can see are dropped and those wholly visible
@@ -42,7 +42,7 @@ def bwd(m1, n1, m2, n2, warps, stages):
 # Inductor reads its tile heuristics once per thread (the backward compiles on autograd's device
 # thread), so the fine-block heuristics are installed before the first compile (main) and the
 # 128-token set names torch's H200 default backward tiles itself: the same kernel as torch's default.
-CANDIDATES = [
+TILES = [
     ("s128_model", 128, {**FWD, **bwd(64, 128, 128, 64, 8, 3)}),
     ("s64_b64_w4_s3", 64, {**FWD, **bwd(64, 64, 64, 64, 4, 3)}),
     ("s64_b64_w8_s3", 64, {**FWD, **bwd(64, 64, 64, 64, 8, 3)}),
@@ -52,6 +52,20 @@ CANDIDATES = [
     ("s64_b32_w4_s4", 64, {**FWD, **bwd(32, 64, 64, 32, 4, 4)}),
     ("s64_fwd_w4_s2", 64, {**FWD, "fwd_num_stages": 2, **bwd(64, 64, 64, 64, 4, 3)}),
 ]
+# The thirteenth session's sweep around the new default (64-token mask, the model's options first):
+# the kernel flags that keep the function (every row sees its own token, so ROWS_GUARANTEED_SAFE holds;
+# USE_TMA only changes how tiles are loaded) and neighbours of the chosen tiles.
+OPTIONS = [
+    ("s64_model", 64, dict(FWD)),
+    ("s64_rows_safe", 64, {**FWD, "ROWS_GUARANTEED_SAFE": True}),
+    ("s64_tma", 64, {**FWD, "USE_TMA": True}),
+    ("s64_rows_safe_tma", 64, {**FWD, "ROWS_GUARANTEED_SAFE": True, "USE_TMA": True}),
+    ("s64_b16_w4_s4", 64, {**FWD, **bwd(16, 64, 64, 16, 4, 4)}),
+    ("s64_b32_w4_s5", 64, {**FWD, **bwd(32, 64, 64, 32, 4, 5)}),
+    ("s64_fwd_w8_s3", 64, {**FWD, "fwd_num_warps": 8}),
+    ("s64_fwd_w4_s4", 64, {**FWD, "fwd_num_stages": 4}),
+]
+CANDIDATES = {"tiles": TILES, "options": OPTIONS}[os.environ.get("SWEEP_SET", "tiles")]
 
 
 def timed(fn) -> float:

@@ -2,13 +2,16 @@
 # Issue 4, thirteenth session (one H200); written at the end of the twelfth, whose device time ran out.
 #   micro   A/B benches of proxy212, one after the other on GPU 0, own empty compiler caches each:
 #           "sort" (.old/src: the block lists built by argsort, the twelfth session's measured code)
-#           and "scan" (this tree: the same lists by prefix sums, attention._true_first); then a
-#           profiled bench of this tree (2 x 5 steps, --profile) to split the step again; then the
-#           whole GPU suite (pytest -m gpu)
+#           and "scan" (this tree: the same lists by prefix sums, attention._true_first) [ab.done];
+#           a profiled bench of this tree (2 x 5 steps, --profile: top kernels, device idle, Chrome
+#           trace) [prof.done]; the FlexAttention option sweep around the default
+#           (flex_mask_bench.py, SWEEP_SET=options) [sweep.done]; the whole GPU suite [all.done]
 #   stage   keep the carried proxy shards in /tmp/proxy-keep (the tree and all four shards exceed one
 #           call's carry)
-#   full    restore the kept shards beside the carried one; two proxy212 runs of this tree on the
-#           scan bench's caches
+#   full    wait (up to 480 s) for micro's all.done, restore the kept shards beside the carried one,
+#           one proxy212 run of this tree on the scan bench's caches [full.done]
+#   ab NAME [ARGS...]  one more A/B bench (own empty caches) of this tree with `speedrun bench` ARGS,
+#           after micro's all.done [ab-NAME.done]
 #   wait S [D [LOG]]  print LOG (default q.log) until $RES/D.done exists (default all) or S seconds
 #           passed; tar the results into $OUT
 # Before the call: mkdir -p .old && git archive 2ea16ad src | tar -x -C .old
@@ -28,6 +31,11 @@ ab_src() {  # ab_src NAME SRC [ARGS...]: one bench of the sources under SRC, own
   echo "$(date +%T) ab $name: exit $? | $(grep -E 'ms/step|peak mem|graphs|rror' "$RES/ab-$name.log" | tr '\n' ' ')"
 }
 
+wait_done() {  # wait_done FILE SECONDS: until FILE exists or SECONDS pass
+  local end=$(( $(date +%s) + $2 ))
+  while [ ! -e "$1" ] && [ "$(date +%s)" -lt "$end" ]; do sleep 5; done
+}
+
 case "${1:-}" in
   micro)
     queue_start
@@ -38,18 +46,26 @@ case "${1:-}" in
       env $(caches ab-scan) PYTHONPATH="$PWD/src" CUDA_VISIBLE_DEVICES=0 python3 -m speedrun.cli bench \
         --preset proxy212 --steps 5 --repeats 2 --profile "$RES/profile.txt" --json "$RES/prof.json" \
         > "$RES/prof.log" 2>&1
-      echo "$(date +%T) profile: exit $?"
-      touch "$RES/first.done"
+      echo "$(date +%T) profile: exit $? | $(grep -A3 'device idle' "$RES/prof.log" | tr '\n' ' ')"
+      touch "$RES/prof.done"
+      (cd scripts/device && SWEEP_SET=options CUDA_VISIBLE_DEVICES=0 python3 flex_mask_bench.py ../../.proxy \
+        "$RES/flex-options.json") > "$RES/flex-options.log" 2>&1
+      echo "$(date +%T) flex options: exit $?"; grep -E "^s64" "$RES/flex-options.log"
+      touch "$RES/sweep.done"
       CUDA_VISIBLE_DEVICES=0 python3 -m pytest -m gpu -q tests > "$RES/gpu-tests-all.log" 2>&1
       echo "$(date +%T) GPU tests: $(tail -1 "$RES/gpu-tests-all.log")"
       touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
   stage) stage_proxy ;;
   full)
+    wait_done "$RES/all.done" 480
     restore_proxy
     ( train 0 full-scan ab-scan
-      train 0 full-scan-b ab-scan
       summaries
-      touch "$RES/all.done" ) > "$RES/q-full.log" 2>&1 ;;
+      touch "$RES/full.done" ) > "$RES/q-full.log" 2>&1 ;;
+  ab)
+    wait_done "$RES/all.done" 480
+    name=$2; shift 2
+    ( ab "$name" "$@"; touch "$RES/ab-$name.done" ) >> "$RES/q-ab.log" 2>&1 ;;
   wait) follow_and_collect "${2:-560}" "$RES/${3:-all}.done" "$RES/${4:-q.log}"; exit $? ;;
-  *) echo "usage: $0 micro | stage | full | wait SECONDS [DONE-NAME [LOG]]" >&2; exit 2 ;;
+  *) echo "usage: $0 micro | stage | full | ab NAME [ARGS...] | wait SECONDS [DONE-NAME [LOG]]" >&2; exit 2 ;;
 esac

@@ -373,12 +373,49 @@ def profile_steps(session: Session, n: int, progress: float | None, path: Path |
     top = [{"name": e.key, "calls": e.count, "total_ms": getattr(e, key) / 1000,
             "ms_per_step": getattr(e, key) / 1000 / n, "percent": 100 * getattr(e, key) / total}
            for e in events[:15]]
+    idle = device_idle(_device_spans(prof), n) if cuda else None
     if path is not None and session.is_main:
         table = prof.key_averages().table(sort_by=key, row_limit=80, max_name_column_width=100)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(f"speedrun bench --profile: {n} step(s), sorted by {key}\n\n{table}\n")
         prof.export_chrome_trace(str(path) + ".trace.json.gz")
-    return {"steps": n, "sorted_by": key, "file": str(path) if path else None, "top": top}
+    return {"steps": n, "sorted_by": key, "file": str(path) if path else None, "top": top, "idle": idle}
+
+
+DEVICE_ACTIVITIES = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def _device_spans(prof) -> list[tuple[int, int, str]]:
+    """(start_ns, end_ns, name) of every kernel, copy and fill the device ran while profiling
+    (user annotations such as "Optimizer.step#Muon.step" span kernels and are left out)."""
+    return [(e.start_ns(), e.end_ns(), e.name()) for e in prof.profiler.kineto_results.events()
+            if e.activity_type() in DEVICE_ACTIVITIES and not e.is_user_annotation()]
+
+
+def device_idle(spans: list[tuple[int, int, str]], steps: int, top: int = 8) -> dict | None:
+    """Where the device waited during the profiled steps: the union of its activity from the first
+    start to the last end, the idle time per step, the idle time split by gap length, and the `top`
+    longest gaps with the activities on either side (overlapping spans, e.g. two streams, merge)."""
+    if not spans:
+        return None
+    spans = sorted(spans)
+    gaps, busy, end, last = [], 0, spans[0][0], spans[0][2]
+    for s, e, name in spans:
+        if s > end:
+            gaps.append((s - end, last, name))
+        busy += max(0, e - max(s, end))
+        if e > end:
+            end, last = e, name
+    span = end - spans[0][0]
+    bins = {"<10us": 0, "10-100us": 0, "100us-1ms": 0, ">=1ms": 0}
+    for g, _, _ in gaps:
+        bins["<10us" if g < 10_000 else "10-100us" if g < 100_000 else "100us-1ms" if g < 1_000_000 else ">=1ms"] += g
+    gaps.sort(key=lambda x: x[0], reverse=True)
+    per = lambda ns: ns / 1e6 / steps  # noqa: E731
+    return {"span_ms_per_step": per(span), "busy_ms_per_step": per(busy), "idle_ms_per_step": per(span - busy),
+            "busy_fraction": busy / span if span else 1.0, "gaps": len(gaps),
+            "idle_ms_per_step_by_gap": {k: per(v) for k, v in bins.items()},
+            "longest": [{"us": g / 1e3, "after": a, "before": b} for g, a, b in gaps[:top]]}
 
 
 # ================================================================== communication
@@ -641,7 +678,18 @@ def format_report(r: dict) -> str:
         lines.append(f"{'ms/step':>9} {'%':>6} {'calls':>7}  name")
         for k in p["top"]:
             lines.append(f"{k['ms_per_step']:9.3f} {k['percent']:6.1f} {k['calls']:7d}  {k['name'][:90]}")
+        lines += _idle_lines(p.get("idle"))
     return "\n".join(lines)
+
+
+def _idle_lines(idle: dict | None) -> list[str]:
+    if not idle:
+        return []
+    bins = ", ".join(f"{k} {v:.2f}" for k, v in idle["idle_ms_per_step_by_gap"].items())
+    lines = ["", f"device idle: {idle['idle_ms_per_step']:.2f} ms/step of {idle['span_ms_per_step']:.2f} "
+                 f"(busy {100 * idle['busy_fraction']:.1f}%; {idle['gaps']} gaps; by gap length: {bins})",
+             "longest gaps:"]
+    return lines + [f"  {g['us']:9.1f} us  after {g['after'][:60]}  before {g['before'][:60]}" for g in idle["longest"]]
 
 
 # ================================================================== commands
