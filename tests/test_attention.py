@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from speedrun.attention import (
-    AttentionMasks, EOT, block_structure, dense_mask, document_ids, window_counts,
+    AttentionMasks, EOT, block_structure, dense_mask, document_ids, kept_blocks, window_counts,
 )
 
 
@@ -17,17 +17,11 @@ def random_tokens(n, p_doc, gen):
 
 def block_mask_from_structure(docs, w, bs):
     """Expand the FlexAttention-side block selection to a (T, T) mask."""
-    s = block_structure(docs, bs)
-    partial, full = window_counts(s, torch.tensor(w))
-    nb = docs.numel() // bs
-    keep = torch.zeros(nb, nb, dtype=torch.bool)
-    for q in range(nb):
-        keep[q, s.partial_idx[q, : partial[q]].long()] = True
-        keep[q, s.full_idx[q, : full[q]].long()] = True
+    partial, full = kept_blocks(block_structure(docs, bs), torch.tensor(w))
     t = docs.numel()
     pos = torch.arange(t)
     allowed = (pos[:, None] >= pos) & (docs[:, None] == docs)
-    return allowed & keep.repeat_interleave(bs, 0).repeat_interleave(bs, 1)
+    return allowed & (partial | full).repeat_interleave(bs, 0).repeat_interleave(bs, 1)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -40,13 +34,14 @@ def test_block_selection_matches_dense_reference(seed):
         assert torch.equal(block_mask_from_structure(docs, w, bs), dense_mask(docs, w, bs)), (seed, w)
 
 
-@pytest.mark.parametrize("seed", range(3))
-def test_query_side_blocks_equal_torch_transpose(seed):
-    """`flex_block_mask` builds the backward's per-key-block lists itself (no vmap
-    to trace); they must be exactly what `BlockMask.from_kv_blocks` computes."""
+@pytest.mark.parametrize("seed,sparse", [(0, 16), (1, 16), (2, 16), (1, 8), (2, 4)])
+def test_block_lists_are_what_torch_derives(seed, sparse):
+    """`flex_block_mask` builds every block list itself (no vmap to trace). Per query block: the
+    kept key blocks, nearest first, as many as `window_counts` says (the record's order); per key
+    block: exactly what `BlockMask.from_kv_blocks` derives from those, values and strides."""
     from torch.nn.attention.flex_attention import BlockMask
 
-    from speedrun.attention import flex_block_mask
+    from speedrun.attention import flex_block_mask, refined_blocks
 
     gen = torch.Generator().manual_seed(seed)
     bs = 16
@@ -54,13 +49,18 @@ def test_query_side_blocks_equal_torch_transpose(seed):
     s = block_structure(docs, bs)
     for w in [1, 2, 3, 7, 40]:
         wt = torch.tensor(w, dtype=torch.int32)
-        got = flex_block_mask(s, wt, bs)
-        partial, full = window_counts(s, wt)
-        ref = BlockMask.from_kv_blocks(partial[None, None].contiguous(), s.partial_idx[None, None].contiguous(),
-                                       full[None, None].contiguous(), s.full_idx[None, None].contiguous(),
-                                       BLOCK_SIZE=bs)
-        for name in ("q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices",
-                     "kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices"):
+        got = flex_block_mask(s, wt, bs, sparse)
+        if sparse == bs:
+            assert torch.equal(torch.stack(window_counts(s, wt)),
+                               torch.cat([got.kv_num_blocks, got.full_kv_num_blocks]).view(2, -1))
+        for kept, num, idx in zip(refined_blocks(s, wt, bs, sparse), (got.kv_num_blocks, got.full_kv_num_blocks),
+                                  (got.kv_indices, got.full_kv_indices)):
+            for q in range(kept.shape[0]):
+                listed = idx[0, 0, q, : num[0, 0, q]].tolist()
+                assert listed == sorted(kept[q].nonzero().flatten().tolist(), reverse=True), (seed, w, q)
+        ref = BlockMask.from_kv_blocks(got.kv_num_blocks, got.kv_indices, got.full_kv_num_blocks,
+                                       got.full_kv_indices, BLOCK_SIZE=sparse)
+        for name in ("q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices"):
             a, b = getattr(got, name), getattr(ref, name)
             assert a.dtype == b.dtype and a.stride() == b.stride() and torch.equal(a, b), (seed, w, name)
 
@@ -78,10 +78,9 @@ def test_dense_mask_rules():
 def refined_mask(docs, w, bs, sb):
     """Expand the `sparse_block`-granular selection to a (T, T) mask: partial sub-blocks through the
     token rule, full ones wholly (so a wrongly "full" sub-block shows)."""
-    from speedrun.attention import _kept_dense, refined_blocks
+    from speedrun.attention import refined_blocks
 
-    p, pi, f, fi = refined_blocks(block_structure(docs, bs), torch.tensor(w), bs, sb)
-    part, full = _kept_dense(p, pi).bool(), _kept_dense(f, fi).bool()
+    part, full = refined_blocks(block_structure(docs, bs), torch.tensor(w), bs, sb)
     assert not (part & full).any()
     t = docs.numel()
     pos = torch.arange(t)
@@ -104,11 +103,10 @@ def test_finer_sparse_blocks_compute_the_same_mask(seed):
 
 def test_finer_sparse_blocks_skip_invisible_tiles():
     """One document: the diagonal block's upper sub-block is dropped and its lower one is full."""
-    from speedrun.attention import _kept_dense, refined_blocks
+    from speedrun.attention import refined_blocks
 
     docs = torch.zeros(64, dtype=torch.long)
-    p, pi, f, fi = refined_blocks(block_structure(docs, 32), torch.tensor(1), 32, 16)
-    part, full = _kept_dense(p, pi).bool(), _kept_dense(f, fi).bool()
+    part, full = refined_blocks(block_structure(docs, 32), torch.tensor(1), 32, 16)
     assert part.tolist() == [[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]]
     assert full.tolist() == [[0, 0, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0], [0, 0, 1, 0]]
 

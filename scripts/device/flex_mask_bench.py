@@ -76,7 +76,7 @@ def timed(fn) -> float:
 
 
 def tile_counts(s, w, sparse):
-    p, _, f, _ = refined_blocks(s, torch.tensor(w, device=s.docs.device), BLOCK, sparse)
+    p, f = refined_blocks(s, torch.tensor(w, device=s.docs.device), BLOCK, sparse)
     area = (sparse / 64) ** 2
     return {"partial_64x64": p.sum().item() * area, "full_64x64": f.sum().item() * area}
 

@@ -6,10 +6,15 @@
 #           a profiled bench of this tree (2 x 5 steps, --profile: top kernels, device idle, Chrome
 #           trace) [prof.done]; the FlexAttention option sweep around the default
 #           (flex_mask_bench.py, SWEEP_SET=options) [sweep.done]; the whole GPU suite [all.done]
+#   micro2  (after micro found that Inductor 2.11 could not generate the prefix-sum lists' scatter in
+#           the model's graph) the mask build alone, compiled, for .old/src and this tree
+#           (mask_build_bench.py); A/B benches "sort2" (.old/src) and "rank" (this tree: the window's
+#           blocks by rank, lists by prefix sums), and "alt" (.alt/src: this tree with argsort lists)
+#           if "rank" fails; a profiled bench of the winner [all.done]
 #   stage   keep the carried proxy shards in /tmp/proxy-keep (the tree and all four shards exceed one
 #           call's carry)
-#   full    wait (up to 480 s) for micro's all.done, restore the kept shards beside the carried one,
-#           one proxy212 run of this tree on the scan bench's caches [full.done]
+#   full    wait (up to 480 s) for micro2's all.done, restore the kept shards beside the carried one,
+#           one proxy212 run of micro2's winner on its bench's caches [full.done]
 #   ab NAME [ARGS...]  one more A/B bench (own empty caches) of this tree with `speedrun bench` ARGS,
 #           after micro's all.done [ab-NAME.done]
 #   wait S [D [LOG]]  print LOG (default q.log) until $RES/D.done exists (default all) or S seconds
@@ -55,11 +60,31 @@ case "${1:-}" in
       CUDA_VISIBLE_DEVICES=0 python3 -m pytest -m gpu -q tests > "$RES/gpu-tests-all.log" 2>&1
       echo "$(date +%T) GPU tests: $(tail -1 "$RES/gpu-tests-all.log")"
       touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
+  micro2)
+    queue_start
+    ( for src in .old/src src; do
+        (cd scripts/device && PYTHONPATH="$PWD/../../$src" python3 mask_build_bench.py ../../.proxy \
+          "$RES/mask-build-${src%%/*}.json") 2>&1 | grep -v -i warn | tail -3
+      done
+      ab_src sort2 .old/src
+      ab_src rank src
+      best=rank
+      grep -q "ms/step" "$RES/ab-rank.log" || { ab_src alt .alt/src; best=alt; }
+      echo $best > "$RES/best"; touch "$RES/ab.done"
+      src=src; [ $best = alt ] && src=.alt/src
+      echo "$(date +%T) profile ($best)"
+      env $(caches "ab-$best") PYTHONPATH="$PWD/$src" CUDA_VISIBLE_DEVICES=0 python3 -m speedrun.cli bench \
+        --preset proxy212 --steps 5 --repeats 2 --profile "$RES/profile.txt" --json "$RES/prof.json" \
+        > "$RES/prof.log" 2>&1
+      echo "$(date +%T) profile: exit $? | $(grep -A4 'device idle' "$RES/prof.log" | tr '\n' ' ')"
+      touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
   stage) stage_proxy ;;
   full)
     wait_done "$RES/all.done" 480
     restore_proxy
-    ( train 0 full-scan ab-scan
+    best=$(cat "$RES/best" 2>/dev/null || echo rank)
+    [ "$best" = alt ] && export PYTHONPATH="$PWD/.alt/src"
+    ( train 0 "full-$best" "ab-$best"
       summaries
       touch "$RES/full.done" ) > "$RES/q-full.log" 2>&1 ;;
   ab)

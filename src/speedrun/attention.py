@@ -48,13 +48,21 @@ def segment_ids(num_tokens: int, segment_len: int, device) -> Tensor:
 
 @dataclass
 class BlockStructure:
-    """Per query block: its partial and full key blocks, nearest first."""
+    """Per pair of (query block i, key block j): may i see some (partial) or every (full) token of
+    j, causal and same document; and per query block how many of each."""
 
     docs: Tensor  # (T,) document id per token
+    partial: Tensor  # (NB, NB) bool: some but not every token
+    full: Tensor  # (NB, NB) bool: every token (strictly below the diagonal, one document)
     partial_num: Tensor  # (NB,) int32
-    partial_idx: Tensor  # (NB, NB) int32, nearest first
     full_num: Tensor
-    full_idx: Tensor
+
+
+def _nearer(mask: Tensor) -> Tensor:
+    """Per entry of a bool (R, N) mask: how many True entries lie at higher columns in its row
+    (for a True entry, its rank counted from the nearest, 0 = nearest)."""
+    c = mask.to(torch.int32).cumsum(dim=-1, dtype=torch.int32)
+    return c[..., -1:] - c
 
 
 def _true_first(mask: Tensor, highest_first: bool) -> tuple[Tensor, Tensor]:
@@ -62,25 +70,21 @@ def _true_first(mask: Tensor, highest_first: bool) -> tuple[Tensor, Tensor]:
     int32, the True ones first, then the False ones, each group highest column first (or lowest).
 
     Exactly the permutation a stable argsort gives (`highest_first`: flipped ascending argsort of
-    the 0/1 values; else descending), computed by prefix sums and one scatter: the masks are rebuilt
-    every micro-step, and sorting their (NB, NB) rows cost more than the attention saved with
-    64-token blocks (docs/performance.md)."""
+    the 0/1 values; else descending), by prefix sums and one scatter: the masks are rebuilt every
+    micro-step, and sorting their (NB, NB) rows cost a few ms a step with 64-token blocks. The
+    count is the prefix sum's last column rather than a sum: with a reduction beside it, Inductor
+    2.11's Triton code for the scatter failed to generate (docs/performance.md)."""
     m = mask.to(torch.int32)
     n = m.shape[-1]
-    num = m.sum(dim=-1, keepdim=True, dtype=torch.int32)
     trues = m.cumsum(dim=-1, dtype=torch.int32)  # True entries up to and including each column
+    num = trues[..., -1:]
     falses = torch.arange(1, n + 1, dtype=torch.int32, device=m.device) - trues
     if highest_first:
         slot = torch.where(mask, num - trues, n - falses)
     else:
         slot = torch.where(mask, trues - 1, num + falses - 1)
     cols = torch.arange(n, dtype=torch.int32, device=m.device).expand_as(m)
-    return num.squeeze(-1), torch.empty_like(m).scatter(-1, slot.long(), cols)
-
-
-def _ordered(mask: Tensor) -> tuple[Tensor, Tensor]:
-    """Counts and indices of True entries per row, highest index first."""
-    return _true_first(mask, highest_first=True)
+    return num.squeeze(-1).contiguous(), torch.empty_like(m).scatter(-1, slot.long(), cols)
 
 
 def _block_classes(docs: Tensor, block_size: int) -> tuple[Tensor, Tensor]:
@@ -98,9 +102,8 @@ def _block_classes(docs: Tensor, block_size: int) -> tuple[Tensor, Tensor]:
 def block_structure(docs: Tensor, block_size: int) -> BlockStructure:
     """Classify key blocks for every query block from the document ids."""
     any_, all_ = _block_classes(docs, block_size)
-    partial_num, partial_idx = _ordered(any_ & ~all_)
-    full_num, full_idx = _ordered(all_)
-    return BlockStructure(docs, partial_num, partial_idx, full_num, full_idx)
+    partial = any_ & ~all_
+    return BlockStructure(docs, partial, all_, partial.sum(-1, dtype=torch.int32), all_.sum(-1, dtype=torch.int32))
 
 
 def window_counts(s: BlockStructure, window_blocks: Tensor) -> tuple[Tensor, Tensor]:
@@ -109,6 +112,14 @@ def window_counts(s: BlockStructure, window_blocks: Tensor) -> tuple[Tensor, Ten
     full = torch.clamp_max(s.full_num, w - 1)
     partial = torch.clamp_max(s.partial_num, torch.clamp_min(w - s.full_num, 1))
     return partial, full
+
+
+def kept_blocks(s: BlockStructure, window_blocks: Tensor) -> tuple[Tensor, Tensor]:
+    """(NB, NB) bool pair: the partial and full blocks each query block keeps under the window,
+    the nearest of each kind (`window_counts` of them)."""
+    partial, full = window_counts(s, window_blocks)
+    return (s.partial & (_nearer(s.partial) < partial[:, None]),
+            s.full & (_nearer(s.full) < full[:, None]))
 
 
 # ---------------------------------------------------------------- dense reference
@@ -147,42 +158,29 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float)
 # ---------------------------------------------------------------- FlexAttention
 
 
-def _kept_dense(num: Tensor, idx: Tensor) -> Tensor:
-    """(NB, NB) int32: 1 where query block i keeps key block j (the first num[i] of idx[i])."""
-    nb = idx.shape[-1]
-    kept = (torch.arange(nb, device=idx.device) < num[:, None]).to(torch.int32)
-    return torch.zeros(nb, nb, dtype=torch.int32, device=idx.device).scatter(1, idx.long(), kept)
-
-
-def _transposed(num: Tensor, idx: Tensor) -> tuple[Tensor, Tensor]:
-    """Per key block: how many query blocks keep it, and which (ascending), as
-    FlexAttention's backward wants them. The same counts and indices as
-    `BlockMask.from_kv_blocks` computes, without its `torch.vmap` (twice
-    nested, for the batch and head dimensions), which is the costliest thing
-    Dynamo traces in the whole model: about 0.6 s for each of the two masks,
-    in every compiled graph, on every start, cold or warm."""
-    return _true_first(_kept_dense(num, idx).T > 0, highest_first=False)
-
-
 def refined_blocks(s: BlockStructure, window_blocks: Tensor, block_size: int, sparse_block: int
-                   ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """The window's kept blocks at sparse_block granularity: (partial_num, partial_idx, full_num,
-    full_idx), as `block_structure`'s fields. A sub-block is kept when its block is kept under the
-    window and some query in it may see some key in it; full when every query sees every key."""
-    partial, full = window_counts(s, window_blocks)
+                   ) -> tuple[Tensor, Tensor]:
+    """The window's kept blocks at sparse_block granularity: (partial, full), (NB', NB') bool. A
+    sub-block is kept when its block is kept under the window and some query in it may see some
+    key in it; full when every query sees every key."""
+    partial, full = kept_blocks(s, window_blocks)
     if sparse_block == block_size:
-        return partial, s.partial_idx, full, s.full_idx
+        return partial, full
     r = block_size // sparse_block
-    kept = (_kept_dense(partial, s.partial_idx) + _kept_dense(full, s.full_idx)) > 0
-    kept = kept.repeat_interleave(r, dim=0).repeat_interleave(r, dim=1)
+    kept = (partial | full).repeat_interleave(r, dim=0).repeat_interleave(r, dim=1)
     any_, all_ = _block_classes(s.docs, sparse_block)
-    partial_num, partial_idx = _ordered(kept & any_ & ~all_)
-    full_num, full_idx = _ordered(kept & all_)
-    return partial_num, partial_idx, full_num, full_idx
+    return kept & any_ & ~all_, kept & all_
 
 
 def flex_block_mask(s: BlockStructure, window_blocks: Tensor, block_size: int, sparse_block: int | None = None):
-    """The FlexAttention BlockMask of the window; `sparse_block` (default: block_size) its granularity."""
+    """The FlexAttention BlockMask of the window; `sparse_block` (default: block_size) its granularity.
+
+    Per query block the kept key blocks, nearest first (as the record orders them), and per key
+    block the query blocks that keep it, ascending, as FlexAttention's backward wants them: the
+    same counts and indices `BlockMask.from_kv_blocks` would derive, without its `torch.vmap`
+    (twice nested, for the batch and head dimensions), which is the costliest thing Dynamo traces
+    in the whole model: about 0.6 s for each of the two masks, in every compiled graph, on every
+    start. Entries past each list's count are never read and are not the record's."""
     from torch.nn.attention.flex_attention import BlockMask
 
     docs = s.docs
@@ -191,20 +189,20 @@ def flex_block_mask(s: BlockStructure, window_blocks: Tensor, block_size: int, s
     def document_causal(b, h, q_idx, kv_idx):
         return (q_idx >= kv_idx) & (docs[q_idx] == docs[kv_idx])
 
-    partial, partial_idx, full, full_idx = refined_blocks(s, window_blocks, block_size, sparse_block)
+    partial, full = refined_blocks(s, window_blocks, block_size, sparse_block)
+    (kv_num, kv_idx), (fkv_num, fkv_idx) = (_true_first(m, highest_first=True) for m in (partial, full))
     mask = BlockMask.from_kv_blocks(
-        partial[None, None].contiguous(),
-        partial_idx[None, None].contiguous(),
-        full[None, None].contiguous(),
-        full_idx[None, None].contiguous(),
+        kv_num[None, None].contiguous(),
+        kv_idx[None, None].contiguous(),
+        fkv_num[None, None].contiguous(),
+        fkv_idx[None, None].contiguous(),
         BLOCK_SIZE=sparse_block,
         mask_mod=document_causal,
         compute_q_blocks=False,
     )
-    q_num, q_idx = _transposed(partial, partial_idx)
-    full_q_num, full_q_idx = _transposed(full, full_idx)
+    (q_num, q_idx), (fq_num, fq_idx) = (_true_first(m.T, highest_first=False) for m in (partial, full))
     mask.q_num_blocks, mask.q_indices = q_num[None, None], q_idx[None, None]
-    mask.full_q_num_blocks, mask.full_q_indices = full_q_num[None, None], full_q_idx[None, None]
+    mask.full_q_num_blocks, mask.full_q_indices = fq_num[None, None], fq_idx[None, None]
     return mask
 
 
