@@ -1,5 +1,8 @@
-"""Which formulation of attention._true_first compiles with Inductor's Triton backend (torch 2.11's
-2-D scatter codegen failed: 'list indices must be integers or slices, not NoneType').
+"""Sort-free formulations of the block lists (attention._true_first in commit 72dcb66: prefix sums
+and one scatter), each compiled alone on the GPU and checked against the stable argsort; timed with
+CUDA events around 20 back-to-back calls. Thirteenth session: all compiled alone, but inside the
+model's mask build Inductor 2.11's Triton code generation failed for every one ("list indices must
+be integers or slices, not NoneType"; docs/benchmarks.md), so the lists stayed argsorts.
 usage: python3 scripts/device/true_first_forms.py OUT_JSON"""
 import json
 import sys

@@ -19,7 +19,10 @@ Two backends compute the same function:
   block, the corners of a document boundary) are dropped, and those wholly
   inside one document and below the diagonal become "full" (no mask_mod).
   On FineWeb-like documents (~420 tokens) 64-token sub-blocks cut the tiles
-  the kernel visits by 11-25% and its masked tiles by about half.
+  the kernel visits by 11-25% and its masked tiles by about half. The masks
+  are rebuilt inside the compiled step every micro-step, so they are built
+  cheaply: the window's blocks by rank (prefix sums) as dense (NB, NB)
+  matrices, the lists the kernels read by one argsort each.
 - `dense`: a plain boolean (T, T) mask and `scaled_dot_product_attention`;
   the reference the tests hold FlexAttention to, and the CPU path.
 """
@@ -67,24 +70,18 @@ def _nearer(mask: Tensor) -> Tensor:
 
 def _true_first(mask: Tensor, highest_first: bool) -> tuple[Tensor, Tensor]:
     """Per row of a bool (R, N) mask: the number of True entries (int32), and the column indices,
-    int32, the True ones first, then the False ones, each group highest column first (or lowest).
+    int32, the True ones first, then the False ones, each group highest column first (or lowest):
+    a stable argsort of the 0/1 values (flipped ascending, or descending).
 
-    Exactly the permutation a stable argsort gives (`highest_first`: flipped ascending argsort of
-    the 0/1 values; else descending), by prefix sums and one scatter: the masks are rebuilt every
-    micro-step, and sorting their (NB, NB) rows cost a few ms a step with 64-token blocks. The
-    count is the prefix sum's last column rather than a sum: with a reduction beside it, Inductor
-    2.11's Triton code for the scatter failed to generate (docs/performance.md)."""
-    m = mask.to(torch.int32)
-    n = m.shape[-1]
-    trues = m.cumsum(dim=-1, dtype=torch.int32)  # True entries up to and including each column
-    num = trues[..., -1:]
-    falses = torch.arange(1, n + 1, dtype=torch.int32, device=m.device) - trues
+    A sort-free form (prefix sums and one scatter; the same permutation) compiled alone but not
+    inside the model's graph: Inductor 2.11's Triton code generation for the scatter failed there
+    on the GPU, in every variant tried (docs/benchmarks.md, thirteenth session)."""
+    m = mask.to(torch.int8)
     if highest_first:
-        slot = torch.where(mask, num - trues, n - falses)
+        idx = m.argsort(dim=-1, stable=True).flip(-1)
     else:
-        slot = torch.where(mask, trues - 1, num + falses - 1)
-    cols = torch.arange(n, dtype=torch.int32, device=m.device).expand_as(m)
-    return num.squeeze(-1).contiguous(), torch.empty_like(m).scatter(-1, slot.long(), cols)
+        idx = m.argsort(dim=-1, descending=True, stable=True)
+    return mask.sum(dim=-1, dtype=torch.int32), idx.to(torch.int32)
 
 
 def _block_classes(docs: Tensor, block_size: int) -> tuple[Tensor, Tensor]:
@@ -200,7 +197,7 @@ def flex_block_mask(s: BlockStructure, window_blocks: Tensor, block_size: int, s
         mask_mod=document_causal,
         compute_q_blocks=False,
     )
-    (q_num, q_idx), (fq_num, fq_idx) = (_true_first(m.T, highest_first=False) for m in (partial, full))
+    (q_num, q_idx), (fq_num, fq_idx) = (_true_first(m.T.contiguous(), highest_first=False) for m in (partial, full))
     mask.q_num_blocks, mask.q_indices = q_num[None, None], q_idx[None, None]
     mask.full_q_num_blocks, mask.full_q_indices = fq_num[None, None], fq_idx[None, None]
     return mask

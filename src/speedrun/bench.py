@@ -388,8 +388,17 @@ DEVICE_ACTIVITIES = ("kernel", "gpu_memcpy", "gpu_memset")
 def _device_spans(prof) -> list[tuple[int, int, str]]:
     """(start_ns, end_ns, name) of every kernel, copy and fill the device ran while profiling
     (user annotations such as "Optimizer.step#Muon.step" span kernels and are left out)."""
-    return [(e.start_ns(), e.end_ns(), e.name()) for e in prof.profiler.kineto_results.events()
-            if e.activity_type() in DEVICE_ACTIVITIES and not e.is_user_annotation()]
+    return [(e.start_ns(), e.end_ns(), e.name()) for e in prof.profiler.kineto_results.events() if _on_device(e)]
+
+
+def _on_device(e) -> bool:
+    """A kernel, copy or fill (torch 2.11's events have no activity_type: any non-annotation
+    event on the GPU)."""
+    if hasattr(e, "activity_type"):
+        return e.activity_type() in DEVICE_ACTIVITIES
+    annotation = e.is_user_annotation() if hasattr(e, "is_user_annotation") else e.name().startswith(
+        ("Optimizer.", "ProfilerStep"))
+    return e.device_type() == torch.autograd.DeviceType.CUDA and not annotation
 
 
 def device_idle(spans: list[tuple[int, int, str]], steps: int, top: int = 8) -> dict | None:
