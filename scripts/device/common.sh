@@ -81,3 +81,11 @@ queue_start() {  # the start of a queue mode that measures: no stale done files,
 # validation shard and keeps them (stage_proxy); a later call carries shard 4 and restores the rest.
 stage_proxy() { mkdir -p /tmp/proxy-keep && cp -n .proxy/*.xz /tmp/proxy-keep/ && ls -la /tmp/proxy-keep; }
 restore_proxy() { rm -f "$RES"/*.done; cp -n /tmp/proxy-keep/*.xz .proxy/ && unpack_proxy && ls .proxy; }
+
+strict_cold() {  # GPU 0: 20 proxy212 steps, empty compiler caches, no bytecode written (the image's own
+  # setting); run it as the machine's first Python process for the strict cold start
+  echo "[gpu0] $(date +%T) strict cold start"
+  env -u PYTHONPYCACHEPREFIX PYTHONDONTWRITEBYTECODE=1 $(caches strict fresh) CUDA_VISIBLE_DEVICES=0 \
+    python3 -m speedrun.train "${ARGS[@]}" --steps 20 --out /tmp/runs/strict-cold > "$RES/strict-cold.log" 2>&1
+  echo "[gpu0] $(date +%T) strict: exit $? | $(grep -E 'cold start' "$RES/strict-cold.log" | head -2 | tr '\n' ' ')"
+}

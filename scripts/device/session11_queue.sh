@@ -32,13 +32,6 @@ ab_on() {  # ab_on GPU NAME CACHE [fresh] -- ARGS...: one bench (3 x 10 steps) o
   echo "$(date +%T) [gpu$gpu] ab $name: exit $? | $(grep -E 'ms/step|peak mem|graphs|rror' "$RES/ab-$name.log" | tr '\n' ' ')"
 }
 
-strict_cold() {  # GPU 0: 20 steps, empty caches, no bytecode written (the image's own setting)
-  echo "[gpu0] $(date +%T) strict cold start"
-  env -u PYTHONPYCACHEPREFIX PYTHONDONTWRITEBYTECODE=1 $(caches strict fresh) CUDA_VISIBLE_DEVICES=0 \
-    python3 -m speedrun.train "${ARGS[@]}" --steps 20 --out /tmp/runs/strict-cold > "$RES/strict-cold.log" 2>&1
-  echo "[gpu0] $(date +%T) strict: exit $? | $(grep -E 'cold start' "$RES/strict-cold.log" | head -2 | tr '\n' ' ')"
-}
-
 embed_micro() {  # GPU 1: the embeddings GPU test and micro-benchmark (no bytecode written either)
   export PYTHONDONTWRITEBYTECODE=1 CUDA_VISIBLE_DEVICES=1
   python3 -m pytest -m gpu -q tests/test_embeddings.py > "$RES/gpu-tests.log" 2>&1
