@@ -67,6 +67,7 @@ def test_impl_choice_and_validation():
         softcap_cross_entropy(z, t, 30.0, "sigmoid", impl="cuda")
     assert_field_validated("model.ce_kernel", "triton", "fast")
     assert_field_validated("model.ce_math", "tanh_approx", "fast")
+    assert_field_validated("model.ce_math", "lean", "fast")
     with pytest.raises(ValueError, match="math"):
         softcap_cross_entropy(z, t, 30.0, "sigmoid", math="fast")
 
@@ -136,9 +137,10 @@ _INTERPRETED = textwrap.dedent(r'''
     import torch
     from speedrun import softcap_ce as sc
 
-    def compare(form, cap, dtype, N, V, scale, block, seed=0, upstream=0.5):
+    def compare(form, cap, dtype, N, V, scale, block, seed=0, upstream=0.5, math="precise", poly=2):
         g = torch.Generator().manual_seed(seed)
         sc.KERNEL_CONFIG["BLOCK_V"] = block
+        sc.LEAN_CONFIG.update(POLY=poly, BLOCK_V=block, num_warps=4)
         z = (torch.randn(N, V, generator=g) * scale).to(dtype)
         t = torch.randint(0, V, (N,), generator=g)
         if N > 3:
@@ -146,7 +148,7 @@ _INTERPRETED = textwrap.dedent(r'''
             t[1] = V - 1  # last (masked-block) column
         z1, z2 = z.clone().requires_grad_(), z.clone().requires_grad_()
         t0 = time.time()
-        got = sc.softcap_cross_entropy(z1, t, cap, form, impl="triton")
+        got = sc.softcap_cross_entropy(z1, t, cap, form, impl="triton", math=math)
         (got * upstream).backward()
         secs = time.time() - t0
         ref = sc.reference_cross_entropy(z2, t, cap, form)
@@ -155,8 +157,8 @@ _INTERPRETED = textwrap.dedent(r'''
         rtol, atol = TOL[str(dtype).split(".")[1]]
         over = ((a - b).abs() / (atol + rtol * b.abs())).max().item()
         with torch.no_grad():
-            nograd = sc.softcap_cross_entropy(z, t, cap, form, impl="triton")
-        return dict(form=form, dtype=str(dtype), N=N, V=V, scale=scale, block=block,
+            nograd = sc.softcap_cross_entropy(z, t, cap, form, impl="triton", math=math)
+        return dict(form=form, dtype=str(dtype), N=N, V=V, scale=scale, block=block, math=math, poly=poly,
                     loss=got.item(), ref=ref.item(), loss_rel_err=abs(got.item() - ref.item()) / abs(ref.item()),
                     nograd_equal=bool(torch.equal(nograd, got.detach())),
                     grad_max_abs_err=(a - b).abs().max().item(), grad_max_abs=b.abs().max().item(),
@@ -172,6 +174,28 @@ _INTERPRETED = textwrap.dedent(r'''
     out["cases"].append(compare("tanh", 15.0, torch.float32, 5, 7, 4.0, 16, seed=3))  # tiny odd V < BLOCK_V
     out["cases"].append(compare("tanh", 60.0, torch.bfloat16, 9, 3001, 300.0, 512, seed=5))  # cap > 40: running max
     out["cases"].append(compare("sigmoid", 30.0, torch.float32, 1, 131, 4.0, 64, seed=4))
+    # "lean": the record's form only (others fall back to "precise"); blocks full, partial, V < BLOCK_V,
+    # saturating logits, each polynomial share, the target in the masked tail (row 1) and an ignored row (2)
+    for poly in (0, 1, 2):
+        for dtype in (torch.float32, torch.bfloat16):
+            out["cases"].append(compare("sigmoid", 30.0, dtype, 37, 3001, 10.0, 512, seed=6, math="lean", poly=poly))
+            out["cases"].append(compare("sigmoid", 30.0, dtype, 9, 3001, 3e3, 2048, seed=7, math="lean", poly=poly))
+    out["cases"].append(compare("sigmoid", 30.0, torch.float32, 5, 7, 4.0, 16, seed=8, math="lean"))
+    out["cases"].append(compare("sigmoid", 30.0, torch.bfloat16, 4, 4096, 8.0, 1024, seed=9, math="lean"))
+    out["cases"].append(compare("tanh", 30.0, torch.float32, 9, 3001, 10.0, 512, seed=10, math="lean"))
+
+    # the polynomial 2^x against float64 over the range the kernel feeds it ([-60, 11] at the record's
+    # constants; the whole claimed [-125, 125] here), run as a one-program kernel
+    import triton, triton.language as tl
+    @triton.jit
+    def poly_kernel(X, Y, n: tl.constexpr):
+        i = tl.arange(0, n)
+        tl.store(Y + i, sc._exp2_poly(tl.load(X + i)))
+    xs = torch.linspace(-125.0, 125.0, 8192)
+    ys = torch.empty_like(xs)
+    poly_kernel[(1,)](xs, ys, 8192)
+    exact = torch.exp2(xs.double())
+    out["poly_max_rel_err"] = ((ys.double() - exact).abs() / exact).max().item()
 
     # the backward scales the saved gradient in place: the op's own output becomes the result
     z = torch.randn(6, 40, requires_grad=True)
@@ -232,12 +256,17 @@ def interpreted():
 
 def test_interpreted_kernel_matches_reference(interpreted):
     for case in interpreted["cases"]:
-        label = {k: case[k] for k in ("form", "dtype", "N", "V", "scale", "block")}
+        label = {k: case[k] for k in ("form", "dtype", "N", "V", "scale", "block", "math", "poly")}
         assert case["finite"], label
         assert case["loss_rel_err"] < LOSS_RTOL, (label, case)
         assert case["grad_over_tol"] <= 1.0, (label, case)
         assert case["grad_dtype"] == case["dtype"], label
         assert case["nograd_equal"], label
+
+
+def test_interpreted_lean_polynomial_exp2_is_float32_accurate(interpreted):
+    """The FMA-unit 2^x of math="lean" is as accurate as the special-function unit's (about 2^-22)."""
+    assert interpreted["poly_max_rel_err"] < 2.5e-7, interpreted["poly_max_rel_err"]
 
 
 def test_interpreted_backward_is_in_place_and_single_use(interpreted):
@@ -279,6 +308,31 @@ def test_gpu_kernel_matches_reference_at_record_size(cuda, form, cap):
     rtol, atol = GRAD_TOL["bfloat16"]
     for i in range(0, N_REC, 4096):  # in chunks: float32 copies of the whole gradient are 10 GB each
         torch.testing.assert_close(g_got[i:i + 4096].float(), g_ref[i:i + 4096].float(), rtol=rtol, atol=atol)
+
+
+@pytest.mark.gpu
+def test_gpu_lean_at_record_size(cuda):
+    """math="lean" (hardware reciprocal, shared between two elements; polynomial exponentials) holds the
+    precise kernel's tolerances against the reference, and its e5m2 training gradient (x 448, as the FP8
+    head asks) differs from the precise kernel's in few bytes (float32 rounding moving a rounding edge)."""
+    pytest.importorskip("triton")
+    from speedrun import softcap_ce as sc
+    z, t = _record_inputs(2)
+    z.requires_grad_()
+    got = softcap_cross_entropy(z, t, 30.0, "sigmoid", impl="triton", math="lean")
+    (g_got,) = torch.autograd.grad(got, z)
+    ref = reference_cross_entropy(z, t, 30.0, "sigmoid")
+    (g_ref,) = torch.autograd.grad(ref, z)
+    assert abs(got.item() - ref.item()) / abs(ref.item()) < LOSS_RTOL, (got.item(), ref.item())
+    rtol, atol = GRAD_TOL["bfloat16"]
+    for i in range(0, N_REC, 4096):
+        torch.testing.assert_close(g_got[i:i + 4096].float(), g_ref[i:i + 4096].float(), rtol=rtol, atol=atol)
+    del g_got, g_ref
+    rows = slice(0, 4096)
+    _, lean8 = sc.launch(z.detach()[rows], t[rows], 30.0, "sigmoid", True, torch.float8_e5m2, 448.0, "lean")
+    _, prec8 = sc.launch(z.detach()[rows], t[rows], 30.0, "sigmoid", True, torch.float8_e5m2, 448.0, "precise")
+    differ = (lean8.view(torch.uint8) != prec8.view(torch.uint8)).float().mean().item()
+    assert differ < 1e-3, differ
 
 
 @pytest.mark.gpu

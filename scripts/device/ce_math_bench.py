@@ -11,7 +11,8 @@ one SFU operation (approximate). (Session 8 also measured "newton", the reciproc
 steps on the FMA units: 1-4% faster than the division, within the spread; it was removed.)
 
 Per variant: the training launch (e5m2 gradient times 1/scale, as the fused head asks) and the
-forward-only launch, CUDA events (median of 20 after 3 warm-ups); accuracy on the first 2048 rows
+forward-only launch, CUDA events (median of 20 after 3 warm-ups); "lean" also at each polynomial
+share (`LEAN_CONFIG["POLY"]` 0, 1, 2) and a few block widths and warp counts (named lean-POLY-BLOCK-WARPS); accuracy on the first 2048 rows
 against float64 (loss: max relative error per row; gradient: the fraction of e5m2 bytes that differ
 from float64's gradient rounded to e5m2, and from the "precise" variant's). The memory floor: one
 read of z and one e5m2 write (`copy_`), timed the same way.
@@ -45,7 +46,15 @@ def main(out):
     result = {"shape": [N, V], "floor_copy_us": median_us(lambda: sink.copy_(z)), "variants": {}}
     print("floor", result["floor_copy_us"], flush=True)
     div_grad = None
-    for math in sc.MATHS:
+    default = (dict(sc.KERNEL_CONFIG), dict(sc.LEAN_CONFIG))
+    lean = [f"lean-{p}-{b}-{w}" for p in (0, 1, 2) for b, w in ((2048, 4), (4096, 8), (1024, 4), (2048, 8))]
+    for name in [m for m in sc.MATHS if m != "lean"] + lean:
+        math = name.split("-")[0]
+        sc.KERNEL_CONFIG.update(default[0])
+        sc.LEAN_CONFIG.update(default[1])
+        if math == "lean":
+            _, poly, block, warps = name.split("-")
+            sc.LEAN_CONFIG.update(POLY=int(poly), BLOCK_V=int(block), num_warps=int(warps))
         train = lambda: sc.launch(z, t, CAP, "sigmoid", True, torch.float8_e5m2, GRAD_MUL, math=math)
         fwd = lambda: sc.launch(z, t, CAP, "sigmoid", False, math=math)
         row = {}
@@ -63,8 +72,8 @@ def main(out):
             row["forward_us"] = median_us(fwd)
         except Exception as e:  # record and go on
             row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
-        result["variants"][math] = row
-        print(math, row, flush=True)
+        result["variants"][name] = row
+        print(name, row, flush=True)
         with open(out, "w") as f:
             json.dump(result, f, indent=1)
 

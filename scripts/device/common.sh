@@ -54,6 +54,15 @@ ab() {  # ab NAME ARGS...
   echo "$(date +%T) ab $name: exit $? | $(grep -E 'ms/step|peak mem|graphs|rror' "$RES/ab-$name.log" | tr '\n' ' ')"
 }
 
+ab_shared() {  # ab_shared NAME ARGS...: as `ab`, on one compiler cache shared by all ab_shared benches
+  # ($AB_CACHE, default ab-shared)
+  local name=$1; shift
+  echo "$(date +%T) ab $name (shared cache) $*"
+  env $(caches "${AB_CACHE:-ab-shared}") python3 -m speedrun.cli bench --preset proxy212 --steps 10 --repeats 3 "$@" \
+    --json "$RES/ab-$name.json" > "$RES/ab-$name.log" 2>&1
+  echo "$(date +%T) ab $name: exit $? | $(grep -E 'ms/step|peak mem|graphs|rror' "$RES/ab-$name.log" | tr '\n' ' ')"
+}
+
 gpu_suite() {  # the whole GPU suite (pytest -m gpu) into $RES/gpu-tests-all.log; $RES/all.done at the end
   rm -f "$RES"/*.done
   ( python3 -m pytest -m gpu -q tests > "$RES/gpu-tests-all.log" 2>&1

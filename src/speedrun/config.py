@@ -57,9 +57,12 @@ class ModelConfig:
     ce_kernel: str = "auto"
     # The CE kernel's sigmoid (softcap_ce.MATHS): "precise" (float32 exp2 and division, as Inductor
     # compiles the reference) | "tanh_approx" (the GPU's approximate tanh.approx.f32, relative error up
-    # to 2^-11: about 1 ms less per 49,152-token micro-step on an H200, the loss within ~1e-5).
-    # The torch reference ignores it.
-    ce_math: str = "precise"
+    # to 2^-11: about 1 ms less per 49,152-token micro-step on an H200, the loss within ~1e-5) |
+    # "lean" (the same float32 precision as "precise" in fewer GPU instructions: one reciprocal per two
+    # elements, part of the softmax exponentials by an FMA polynomial; softcap_ce.py; the default since
+    # the fourteenth session: 4.02 -> 3.29 ms a micro-step's call on an H200). The torch reference
+    # ignores it.
+    ce_math: str = "lean"
     # The attention's inputs (QK RMS-norm + rotary, value mixing; attn_inputs.py): "torch" (the model's
     # operations, compiled by Inductor) | "triton" (one kernel launch each way for q, k and v, the
     # projection's whole gradient written in place) | "auto" (triton on CUDA when installed). Same math as
@@ -71,7 +74,8 @@ class ModelConfig:
     # (bit-equal on an H200 at the record's size); about 13 ms/step less there (docs/benchmarks.md).
     mlp_kernel: str = "auto"
     # The Triton products' launch ("BLOCK_N=128,fwd.num_stages=4,...", keys relu2_mlp.KEYS): a schedule,
-    # not the math; empty = relu2_mlp.KERNEL_CONFIG.
+    # not the math; empty = relu2_mlp.KERNEL_CONFIG. GLUON=1 (the backward's default) runs a direction on
+    # the warp-specialised Gluon kernel on capability-9.0 GPUs (relu2_gluon.py; bit-equal).
     mlp_options: str = ""
     # The embedding tables' gradients (embeddings.py): "torch" (autograd's dense embedding backward per
     # table: Inductor's float32 buffer, atomics, then a rounding pass; the default) | "triton" (the tokens
@@ -376,8 +380,8 @@ def validate(cfg: RunConfig, world_size: int = 1) -> None:
         (m.softcap_form in ("sigmoid", "tanh"), "model.softcap_form", f"must be sigmoid or tanh, got {m.softcap_form!r}"),
         (m.ce_kernel in ("torch", "triton", "auto"), "model.ce_kernel",
          f"must be torch, triton or auto, got {m.ce_kernel!r}"),
-        (m.ce_math in ("precise", "tanh_approx"), "model.ce_math",
-         f"must be precise or tanh_approx, got {m.ce_math!r}"),
+        (m.ce_math in ("precise", "tanh_approx", "lean"), "model.ce_math",
+         f"must be precise, tanh_approx or lean, got {m.ce_math!r}"),
         (m.qk_kernel in ("torch", "triton", "auto"), "model.qk_kernel",
          f"must be torch, triton or auto, got {m.qk_kernel!r}"),
         (m.mlp_kernel in ("torch", "triton", "auto"), "model.mlp_kernel",

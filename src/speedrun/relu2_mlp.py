@@ -40,9 +40,18 @@ and gradient bit-equal to the compiled reference at the record's size; the
 step 649.77 -> 640.18 ms (bench), full runs 638.3 -> 625.6 / 624.8 ms. The
 kernels are still ~75 us a call slower than cuBLAS's product alone: the
 epilogue's stores do not overlap the next tile's products.
+
+On a capability-9.0 GPU the backward's product runs instead in the
+warp-specialised Gluon kernel of `relu2_gluon.py` (launch key GLUON, on for
+the backward by default): its epilogue runs on separate warps while the
+tensor cores work on the next tile. Bit-equal outputs, 478.7 -> 408.3 us a
+call on an H200 (docs/benchmarks.md, fourteenth session). The forward gained
+nothing there (394.8 -> 395.2 us) and keeps this kernel.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -56,11 +65,14 @@ from speedrun.kernel_choice import TRITON_FOUND, pick_impl
 # forward 4 stages (392-394 us a call), the backward 3 stages with h read by plain loads (430 us; four
 # stages do not fit in shared memory). WARP_SPEC (Triton's automatic warp specialisation, documented
 # for Blackwell) compiled on the H200 but changed nothing (392.4 against 393.6 us), so it stays off.
+# GLUON: on a compute-capability-9.0 GPU, the warp-specialised Gluon kernel (relu2_gluon.py: its epilogue
+# on separate warps, overlapping the next tile's products) in place of this one. Fourteenth session on
+# an H200, bit-equal outputs: backward 478.7 -> 408.3 us, forward 394.8 -> 395.2 us; so the backward only.
 KERNEL_CONFIG = {
     "fwd": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "EPI_SPLIT": 2, "PERSISTENT": 1,
-            "H_PTR": 0, "WARP_SPEC": 0, "num_stages": 4, "num_warps": 8},
+            "H_PTR": 0, "WARP_SPEC": 0, "GLUON": 0, "num_stages": 4, "num_warps": 8},
     "bwd": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "EPI_SPLIT": 2, "PERSISTENT": 1,
-            "H_PTR": 1, "WARP_SPEC": 0, "num_stages": 3, "num_warps": 8},
+            "H_PTR": 1, "WARP_SPEC": 0, "GLUON": 1, "num_stages": 3, "num_warps": 8},
 }
 KEYS = tuple(KERNEL_CONFIG["fwd"])
 STORE_H_AND_A, DRELU2, STORE_A = 0, 1, 2  # the kernel's epilogues
@@ -87,9 +99,9 @@ def parse_options(text: str) -> dict[str, dict[str, int]]:
     for d, c in out.items():
         blocks = [c[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K")]
         if any(b < 16 or b & (b - 1) for b in blocks) or c["EPI_SPLIT"] not in (1, 2, 4) or any(
-                c[k] not in (0, 1) for k in ("PERSISTENT", "H_PTR", "WARP_SPEC")):
+                c[k] not in (0, 1) for k in ("PERSISTENT", "H_PTR", "WARP_SPEC", "GLUON")):
             raise ValueError(f"mlp kernel options ({d}): BLOCK_M/N/K powers of two >= 16, EPI_SPLIT 1, 2 or 4, "
-                             f"PERSISTENT, H_PTR and WARP_SPEC 0 or 1; got {c}")
+                             f"PERSISTENT, H_PTR, WARP_SPEC and GLUON 0 or 1; got {c}")
     return out
 
 
@@ -302,9 +314,27 @@ def _programs(device: torch.device, tiles: int, persistent: bool) -> int:
     return min(tiles, sms)
 
 
+def use_gluon(device: torch.device, cfg: dict[str, int]) -> bool:
+    """The Gluon kernel for this launch: asked for (cfg GLUON), a capability-9.0 GPU (its wgmma is
+    Hopper's alone) and Gluon's Hopper support importable; otherwise this module's kernel runs."""
+    if not cfg.get("GLUON") or device.type != "cuda":
+        return False
+    from speedrun import relu2_gluon
+    return _capability(device.index if device.index is not None else -1) == (9, 0) and relu2_gluon.available()
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index if index >= 0 else None)
+
+
 def launch(a: Tensor, b: Tensor, h: Tensor, out: Tensor, epilogue: int, b_nk: bool, cfg: dict[str, int]) -> None:
     """out (and h) from P = a @ (b.T if b_nk else b) with `epilogue` (STORE_H_AND_A, DRELU2, STORE_A);
-    all bfloat16 and contiguous, h (0,)-shaped with STORE_A."""
+    all bfloat16 and contiguous, h (0,)-shaped with STORE_A. The Gluon kernel where `use_gluon` says."""
+    if use_gluon(a.device, cfg):
+        from speedrun import relu2_gluon
+        relu2_gluon.launch(a, b, h, out, epilogue, b_nk)
+        return
     kernel = _build_kernel()
     from triton.tools.tensor_descriptor import TensorDescriptor
 

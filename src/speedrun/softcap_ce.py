@@ -32,6 +32,25 @@ reciprocal), and at (49152, 50304) that unit, not memory, bounds the kernel
 gradient, on an H200). Working in base 2 saves the products by log2 e;
 `math="tanh_approx"` makes the sigmoid one such operation (approximate).
 
+`math="lean"` keeps the precision and removes work instead. The precise
+kernel's SASS (compiled offline for sm_90) has ~40 instructions per element
+over both passes, 6 of them special-function: at 16 such results per clock
+and SM against 128 issued instructions, the two limits are equal (0.375 and
+0.32 clocks per element), so neither a polynomial exponential nor a Newton
+reciprocal alone could gain (both were measured: slower, and 4%). The lean
+kernel first cuts the other instructions (no masks outside the last block, no
+per-element target compare: the target's gradient is written once after a
+barrier, constants folded into one exponent shift, s(1 - s) as one FMA), then
+shares one reciprocal between two elements (1/((1+a)(1+b)) gives both
+sigmoids; exponents clamped at 2^63 so the product stays finite), then moves
+a share of the softmax exponentials to a polynomial on the FMA units, which
+now have room (`LEAN_CONFIG["POLY"]`). Measured on an H200 (docs/benchmarks.md,
+fourteenth session): 4,021 -> 3,289 us a call at (49152, 50304) with the e5m2
+gradient, the same loss error against float64 (4.1e-7) and e5m2 bytes as
+close to float64's; the polynomial's share mattered little (+-60 us), so the
+kernel is no longer bound by one unit. It is the model's default
+(`model.ce_math`); "precise" stays as the bit-stable earlier kernel.
+
 `impl` chooses between them as `kernel_choice` says ("auto": the kernel for
 CUDA tensors when Triton is installed); the kernel is built on first use.
 """
@@ -58,8 +77,18 @@ IGNORE_INDEX = -100  # F.cross_entropy's default: such rows add 0 to the loss an
 #                 pass with the softmax's exp2, and the SFU bounds the kernel (docs/benchmarks.md)
 #   "tanh_approx" 0.5 + 0.5 * tanh.approx.f32(u / 2), the hardware's approximate tanh: one SFU operation
 #                 for the sigmoid, relative error up to 2^-10.99 in tanh (CUDA only; other forms: precise)
+#   "lean"        the record's form with the same precision in fewer instructions (`_lean_kernel`; other
+#                 forms and caps run "precise"): one reciprocal for two elements, the exponential of half
+#                 the softmax's elements by a degree-5 polynomial on the FMA units (relative error 1.9e-7,
+#                 the special-function unit's own ~2^-22), no per-element masks or target compare
 KERNEL_CONFIG = {"BLOCK_V": 2048, "num_warps": 4}
-MATHS = ("precise", "tanh_approx")
+MATHS = ("precise", "tanh_approx", "lean")
+# "lean": which softmax exponentials of each block's second half take the polynomial (0: none, 1: the
+# row-sum pass, 2: both passes), the block and the warps. On CUDA the reciprocal is the hardware's
+# approximate one (1 ulp). Swept on an H200 (docs/benchmarks.md, fourteenth session; 12 launches, with
+# the e5m2 gradient, 4,021 us for "precise"): POLY 1, 4,096 columns, 8 warps 3,289 us; the others
+# 3,345-3,500 us (POLY 0: 3,345-3,488, POLY 2: 3,416-3,500).
+LEAN_CONFIG = {"POLY": 1, "BLOCK_V": 4096, "num_warps": 8}
 
 
 # --------------------------------------------------------------------------- reference
@@ -120,6 +149,8 @@ triton = None  # set by _build_kernel on first use
 tl = None
 _KERNEL = None
 _softcap_jit = _softcap_ce_kernel = None
+_rcp = _exp2_poly = _exp2 = _sigmoid_pair = _softcap_ce_lean_kernel = None
+_P1 = _P2 = _P3 = _P4 = _P5 = None  # EXP2_POLY as Triton constexprs, set with the kernels
 _FORM_CODE = {"none": 0, "sigmoid": 1, "tanh": 2}
 
 
@@ -218,8 +249,128 @@ def _build_kernel():
                 g = (p - tl.where(idx == t, 1.0, 0.0)) * ds * keep
                 tl.store(g_row + idx, (g * grad_mul).to(GRAD.dtype.element_ty), mask=ok)
 
+    _define_lean_kernel()
     _KERNEL = _softcap_ce_kernel
     return _KERNEL
+
+
+# 2^f on [-1/2, 1/2], degree 5 (f^1..f^5; f^0 is 1): relative error 9.1e-8 in exact arithmetic, 1.9e-7
+# by float32 Horner steps (least-squares fit for relative error, Lawson-weighted toward minimax)
+EXP2_POLY = (0.6931470036506653, 0.24022242426872253, 0.05550733581185341, 0.009671512991189957,
+             0.001326472614891827)
+
+
+def _define_lean_kernel():
+    """The "lean" kernel (the record's sigmoid form, static shift); bound as module globals like the others."""
+    global _rcp, _exp2_poly, _exp2, _sigmoid_pair, _softcap_ce_lean_kernel, _P1, _P2, _P3, _P4, _P5
+    _P1, _P2, _P3, _P4, _P5 = (tl.constexpr(c) for c in EXP2_POLY)  # kernels read constexpr globals only
+
+    @triton.jit
+    def _rcp(x, FAST: tl.constexpr):
+        """1 / x: the hardware's approximate reciprocal (1 ulp; 0 for inf) on CUDA, a division elsewhere."""
+        if FAST:
+            return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32,
+                                             is_pure=True, pack=1)
+        else:
+            return 1.0 / x
+
+    @triton.jit
+    def _exp2_poly(x):
+        """2^x for x in [-125, 125] on the FMA units: x = j + f with j = round(x) (by the 1.5 * 2^23 shift,
+        which leaves j in the low bits of t), 2^f by the polynomial, j added to the exponent bits."""
+        t = x + 12582912.0
+        f = x - (t - 12582912.0)
+        p = f * _P5 + _P4
+        p = p * f + _P3
+        p = p * f + _P2
+        p = p * f + _P1
+        p = p * f + 1.0
+        bits = p.to(tl.int32, bitcast=True) + (t.to(tl.int32, bitcast=True) << 23)
+        return bits.to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _exp2(x, POLY: tl.constexpr):
+        if POLY:
+            return _exp2_poly(x)
+        else:
+            return tl.exp2(x)
+
+    @triton.jit
+    def _sigmoid_pair(za, zb, k, FAST: tl.constexpr):
+        """sigmoid of two float32 tensors with one reciprocal: 1/((1+ea)(1+eb)) times the other factor;
+        ea = 2^(z k) clamped at 2^63 so that the product stays finite (a sigmoid below 1e-19 either way)."""
+        da = 1.0 + tl.exp2(tl.minimum(za * k, 63.0))
+        db = 1.0 + tl.exp2(tl.minimum(zb * k, 63.0))
+        r = _rcp(da * db, FAST)
+        return db * r, da * r
+
+    @triton.jit
+    def _softcap_ce_lean_kernel(Z, T, LOSS, GRAD, stride_z, stride_g, cap, inv_scale, grad_mul,
+                                V: tl.constexpr, IGNORE: tl.constexpr, WRITE_GRAD: tl.constexpr,
+                                BLOCK_V: tl.constexpr, POLY: tl.constexpr, FAST: tl.constexpr):
+        """`_softcap_ce_kernel`'s function for c * sigmoid(z / 7.5) with the shift m = c (STATIC_MAX), each
+        block of BLOCK_V columns as two halves (a, b) that share reciprocals. Columns below V_FULL are
+        read unmasked; the last partial block is masked."""
+        HALF: tl.constexpr = BLOCK_V // 2
+        V_FULL: tl.constexpr = (V // BLOCK_V) * BLOCK_V
+        row = tl.program_id(0).to(tl.int64)
+        z_row = Z + row * stride_z
+        cols = tl.arange(0, HALF)
+        t = tl.load(T + row).to(tl.int32)
+        cap2 = cap * 1.4426950408889634  # everything in base-2 units: s2 = s * log2(e)
+        k = -1.4426950408889634 * inv_scale
+
+        # pass 1: sum of 2^(s2 - cap2) per lane (s <= cap, so no running max)
+        acc_a = tl.zeros((HALF,), tl.float32)
+        acc_b = tl.zeros((HALF,), tl.float32)
+        for v0 in range(0, V_FULL, BLOCK_V):
+            sa, sb = _sigmoid_pair(tl.load(z_row + v0 + cols).to(tl.float32),
+                                   tl.load(z_row + v0 + HALF + cols).to(tl.float32), k, FAST)
+            acc_a += tl.exp2(cap2 * sa - cap2)
+            acc_b += _exp2(cap2 * sb - cap2, POLY >= 1)
+        for v0 in range(V_FULL, V, BLOCK_V):  # the partial last block, at most once
+            ia, ib = v0 + cols, v0 + HALF + cols
+            sa, sb = _sigmoid_pair(tl.load(z_row + ia, mask=ia < V, other=0.0).to(tl.float32),
+                                   tl.load(z_row + ib, mask=ib < V, other=0.0).to(tl.float32), k, FAST)
+            acc_a += tl.where(ia < V, tl.exp2(cap2 * sa - cap2), 0.0)
+            acc_b += tl.where(ib < V, tl.exp2(cap2 * sb - cap2), 0.0)
+        lse2 = cap2 + tl.log2(tl.sum(acc_a, axis=0) + tl.sum(acc_b, axis=0))
+
+        ignored = t == IGNORE
+        t_safe = tl.where(ignored, 0, t)
+        z_t = tl.load(z_row + t_safe, mask=(t_safe >= 0) & (t_safe < V), other=0.0).to(tl.float32)
+        s_t = 1.0 / (1.0 + tl.exp2(tl.minimum(z_t * k, 126.0)))  # the target's sigmoid, one element
+        tl.store(LOSS + row, tl.where(ignored, 0.0, (lse2 - cap2 * s_t) * 0.6931471805599453))  # ln(2)
+
+        # pass 2: g = softmax * ds/dz * grad_mul with ds/dz = (c / 7.5) s (1 - s): the constant folded into
+        # the exponent (2^(s2 - lse2 + log2 C)); the target's -ds/dz * grad_mul is written after a barrier
+        if WRITE_GRAD:
+            g_row = GRAD + row * stride_g
+            C = cap * inv_scale * grad_mul
+            if ignored:
+                for v0 in range(0, V, HALF):
+                    tl.store(g_row + v0 + cols, tl.zeros((HALF,), tl.float32).to(GRAD.dtype.element_ty),
+                             mask=v0 + cols < V)
+            else:
+                shift = lse2 - tl.log2(C)
+                for v0 in range(0, V_FULL, BLOCK_V):
+                    sa, sb = _sigmoid_pair(tl.load(z_row + v0 + cols).to(tl.float32),
+                                           tl.load(z_row + v0 + HALF + cols).to(tl.float32), k, FAST)
+                    ga = tl.exp2(cap2 * sa - shift) * tl.fma(-sa, sa, sa)
+                    gb = _exp2(cap2 * sb - shift, POLY >= 2) * tl.fma(-sb, sb, sb)
+                    tl.store(g_row + v0 + cols, ga.to(GRAD.dtype.element_ty))
+                    tl.store(g_row + v0 + HALF + cols, gb.to(GRAD.dtype.element_ty))
+                for v0 in range(V_FULL, V, BLOCK_V):
+                    ia, ib = v0 + cols, v0 + HALF + cols
+                    sa, sb = _sigmoid_pair(tl.load(z_row + ia, mask=ia < V, other=0.0).to(tl.float32),
+                                           tl.load(z_row + ib, mask=ib < V, other=0.0).to(tl.float32), k, FAST)
+                    ga = tl.exp2(cap2 * sa - shift) * tl.fma(-sa, sa, sa)
+                    gb = tl.exp2(cap2 * sb - shift) * tl.fma(-sb, sb, sb)
+                    tl.store(g_row + ia, ga.to(GRAD.dtype.element_ty), mask=ia < V)
+                    tl.store(g_row + ib, gb.to(GRAD.dtype.element_ty), mask=ib < V)
+                tl.debug_barrier()  # the loop's store of the target column lands before this one
+                g_t = (tl.exp2(cap2 * s_t - shift) - C) * tl.fma(-s_t, s_t, s_t)
+                tl.store(g_row + t_safe, g_t.to(GRAD.dtype.element_ty), mask=(t_safe >= 0) & (t_safe < V))
 
 
 def launch(z: Tensor, targets: Tensor, cap: float, form: str, want_grad: bool,
@@ -241,13 +392,19 @@ def launch(z: Tensor, targets: Tensor, cap: float, form: str, want_grad: bool,
     inv_scale = 1.0 / SIGMOID_TEMPERATURE if form == "sigmoid" else 1.0 / cap if form == "tanh" else 1.0
     # a fixed shift m = cap is safe while exp(min s - cap) stays a normal float32: s > 0 (sigmoid), s > -cap (tanh)
     static_max = (form == "sigmoid" and 0 < cap <= 80) or (form == "tanh" and 0 < cap <= 40)
-    if N:
-        cfg = KERNEL_CONFIG
-        kernel[(N,)](
-            z, targets, losses, grad, z.stride(0), V if want_grad else 0, float(cap), inv_scale, float(grad_mul),
-            V=V, FORM=_FORM_CODE[form], STATIC_MAX=static_max, IGNORE=IGNORE_INDEX,
-            WRITE_GRAD=want_grad, BLOCK_V=cfg["BLOCK_V"], MATH=MATHS.index(math), num_warps=cfg["num_warps"],
-        )
+    if not N:
+        return losses, grad
+    cfg = KERNEL_CONFIG
+    args = (z, targets, losses, grad, z.stride(0), V if want_grad else 0, float(cap), inv_scale, float(grad_mul))
+    if math == "lean" and form == "sigmoid" and static_max and grad_mul > 0:
+        lean = LEAN_CONFIG
+        _softcap_ce_lean_kernel[(N,)](*args, V=V, IGNORE=IGNORE_INDEX, WRITE_GRAD=want_grad,
+                                      BLOCK_V=lean["BLOCK_V"], POLY=lean["POLY"],
+                                      FAST=z.device.type == "cuda", num_warps=lean["num_warps"])
+        return losses, grad
+    kernel[(N,)](*args, V=V, FORM=_FORM_CODE[form], STATIC_MAX=static_max, IGNORE=IGNORE_INDEX,
+                 WRITE_GRAD=want_grad, BLOCK_V=cfg["BLOCK_V"], MATH=MATHS.index(math) if math != "lean" else 0,
+                 num_warps=cfg["num_warps"])
     return losses, grad
 
 

@@ -1,0 +1,81 @@
+"""The warp-specialised Gluon ReLU² products (relu2_gluon.py) and where relu2_mlp uses them.
+
+Gluon has no CPU interpreter, so on the CPU the kernel is compiled for sm_90 with Triton's own ptxas
+(no GPU needed) and checked for spills and shared memory; the GPU tests hold its outputs to the
+plain-Triton kernel's and to the epilogue math on cuBLAS's product, bit for bit.
+"""
+
+import pytest
+import torch
+
+from speedrun import relu2_mlp as R
+
+
+def _gluon():
+    pytest.importorskip("triton")
+    from speedrun import relu2_gluon as G
+    if not G.available():
+        pytest.skip("Triton's Gluon (Hopper) does not import here")
+    return G
+
+
+@pytest.mark.parametrize("epilogue,b_nk", [(R.STORE_H_AND_A, True), (R.STORE_A, True), (R.DRELU2, False)])
+def test_compiles_for_hopper_without_spills(epilogue, b_nk):
+    """Every variant compiles for sm_90 with no local memory (spills) and fits the H200's 227 KB of
+    shared memory per block; 12 warps (two consumer warpgroups and the epilogue's)."""
+    G = _gluon()
+    kernel = G.compile_offline(epilogue, b_nk)
+    usage = G.resource_usage(kernel.asm["cubin"])
+    assert usage.get("LOCAL", 0) == 0 and usage.get("STACK", 0) == 0, usage
+    assert kernel.metadata.shared <= 227 * 1024, kernel.metadata.shared
+    assert kernel.metadata.num_warps == 12
+    assert "wgmma.mma_async" in kernel.asm["ptx"] and "setmaxnreg" in kernel.asm["ptx"]
+
+
+def test_used_only_where_asked_and_on_hopper():
+    cfg = R.parse_options("")
+    assert cfg["bwd"]["GLUON"] == 1 and cfg["fwd"]["GLUON"] == 0
+    assert not R.use_gluon(torch.device("cpu"), cfg["bwd"])  # the interpreter's kernel stays on the CPU
+    assert R.parse_options("bwd.GLUON=0")["bwd"]["GLUON"] == 0
+    with pytest.raises(ValueError, match="GLUON"):
+        R.parse_options("GLUON=2")
+
+
+def _epilogue_reference(p, h=None):
+    """relu2_mlp._epilogue's math from the bfloat16 product p: a, or g (with h)."""
+    pf = p.float()
+    if h is None:
+        return (pf.clamp_min(0.0) ** 2).bfloat16()
+    hf = h.float()
+    return torch.where(hf > 0, pf * (2.0 * hf), 0.0).bfloat16()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M,K,N", [(49152, 768, 3072), (1000, 200, 392), (77, 64, 264)])
+def test_gpu_matches_triton_kernel_and_epilogue_math(cuda, M, K, N):
+    """At the record's shape and ragged ones: h, a and g equal the Triton kernel's and the epilogue
+    math applied to cuBLAS's product (the same 64-wide k-steps in the same order)."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Gluon kernel's wgmma needs compute capability 9.0")
+    G = _gluon()
+    g = torch.Generator("cuda").manual_seed(M)
+    x, gy = (torch.randn(M, K, generator=g, device="cuda").bfloat16() for _ in range(2))
+    w1 = (torch.randn(N, K, generator=g, device="cuda") / K**0.5).bfloat16()
+    w2 = (torch.randn(K, N, generator=g, device="cuda") / K**0.5).bfloat16()
+    outs = {}
+    for name, launch in (("gluon", G.launch), ("triton", None)):
+        h, a, gh = (torch.empty(M, N, dtype=torch.bfloat16, device="cuda") for _ in range(3))
+        hb = (x @ w1.T)  # the backward's saved h
+        if launch is None:
+            R.launch(x, w1, h, a, R.STORE_H_AND_A, True, R.parse_options("GLUON=0")["fwd"])
+            R.launch(gy, w2, hb, gh, R.DRELU2, False, R.parse_options("GLUON=0")["bwd"])
+        else:
+            launch(x, w1, h, a, R.STORE_H_AND_A, True)
+            launch(gy, w2, hb, gh, R.DRELU2, False)
+        outs[name] = (h, a, gh)
+    torch.cuda.synchronize()
+    h_ref = x @ w1.T
+    refs = (h_ref, _epilogue_reference(h_ref), _epilogue_reference(gy @ w2, h_ref))
+    for got, tri, ref, what in zip(outs["gluon"], outs["triton"], refs, ("h", "a", "g")):
+        assert torch.equal(got, tri), (what, (got != tri).float().mean().item())
+        assert torch.equal(got, ref), (what, (got != ref).float().mean().item())
