@@ -41,6 +41,24 @@ def test_used_only_where_asked_and_on_hopper():
         R.parse_options("GLUON=2")
 
 
+def test_a_kernel_that_cannot_compile_falls_back_once(monkeypatch):
+    """try_launch: a compile failure (another Triton's Gluon) warns once, is remembered, returns False."""
+    from speedrun import relu2_gluon as G
+    calls = []
+
+    def broken(*args, **kwargs):
+        calls.append(args)
+        raise TypeError("warp_specialize() got an unexpected keyword argument")
+
+    monkeypatch.setattr(G, "launch", broken)
+    monkeypatch.setattr(G, "_FAILED", {})
+    args = (torch.zeros(1), torch.zeros(1), torch.zeros(1), torch.zeros(1), R.DRELU2, False)
+    with pytest.warns(RuntimeWarning, match="using the Triton kernel"):
+        assert G.try_launch(*args) is False
+    assert G.try_launch(*args) is False and len(calls) == 1  # not retried
+    assert "TypeError" in G._FAILED[R.DRELU2]
+
+
 def _epilogue_reference(p, h=None):
     """relu2_mlp._epilogue's math from the bfloat16 product p: a, or g (with h)."""
     pf = p.float()

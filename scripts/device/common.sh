@@ -63,6 +63,12 @@ ab_shared() {  # ab_shared NAME ARGS...: as `ab`, on one compiler cache shared b
   echo "$(date +%T) ab $name: exit $? | $(grep -E 'ms/step|peak mem|graphs|rror' "$RES/ab-$name.log" | tr '\n' ' ')"
 }
 
+gpu_suite_inline() {  # the whole GPU suite in the calling queue (no bytecode prefix), then $RES/all.done
+  env -u PYTHONPYCACHEPREFIX python3 -m pytest -m gpu -q tests > "$RES/gpu-tests-all.log" 2>&1
+  echo "$(date +%T) GPU tests: $(tail -1 "$RES/gpu-tests-all.log")"
+  touch "$RES/all.done"
+}
+
 gpu_suite() {  # the whole GPU suite (pytest -m gpu) into $RES/gpu-tests-all.log; $RES/all.done at the end
   rm -f "$RES"/*.done
   ( python3 -m pytest -m gpu -q tests > "$RES/gpu-tests-all.log" 2>&1

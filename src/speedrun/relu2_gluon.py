@@ -70,6 +70,7 @@ import os
 import re
 import subprocess
 import tempfile
+import warnings
 
 import torch
 from torch import Tensor
@@ -332,6 +333,25 @@ def kernel_constexprs(epilogue: int, b_nk: bool, cfg: dict) -> dict:
 @functools.lru_cache(maxsize=None)
 def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+_FAILED: dict[int, str] = {}  # epilogue -> why its kernel could not be built in this process
+
+
+def try_launch(a: Tensor, b: Tensor, h: Tensor, out: Tensor, epilogue: int, b_nk: bool) -> bool:
+    """`launch`, or False (with one warning per epilogue) when the kernel cannot be compiled here.
+    Gluon is experimental: a Triton other than the 3.6 it was written and measured on may reject it,
+    and the caller's Triton kernel computes the same bits. A failure is remembered for the process."""
+    if epilogue in _FAILED:
+        return False
+    try:
+        launch(a, b, h, out, epilogue, b_nk)
+    except Exception as e:  # noqa: BLE001 - any compile failure; CUDA errors resurface on the next op
+        _FAILED[epilogue] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+        warnings.warn(f"relu2_gluon: the Gluon kernel (epilogue {epilogue}) failed here "
+                      f"({_FAILED[epilogue]}); using the Triton kernel", RuntimeWarning, stacklevel=2)
+        return False
+    return True
 
 
 def launch(a: Tensor, b: Tensor, h: Tensor, out: Tensor, epilogue: int, b_nk: bool,

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Issue 4, fifteenth session (one H200); written at the end of the fourteenth.
+#   verify  the strict cold start of the new default (lean CE kernel, Gluon ReLU² backward: both compile
+#           at first use), as the machine's first Python process; a profiled bench of the new default
+#           (where the step's time goes now; idle time); then the whole GPU suite [all.done]
+#   stage   keep the carried proxy shards in /tmp/proxy-keep (the tree and all four shards exceed one
+#           call's carry)
+#   full    restore the kept shards; two proxy212 runs of the default on the strict run's caches [full.done]
+#   wait S [D [LOG]]  print LOG (default q.log) until $RES/D.done exists (default all) or S seconds
+#           passed; tar the results into $OUT
+# Carry [".proxy"] without shard 4 for verify and stage, then [".proxy"] with shard 4 alone for full.
+# Launch: (setsid nohup bash scripts/device/session15_queue.sh verify > /tmp/q-launch.log 2>&1 &)
+# Lesson of the fourteenth session: the suite's first run, with PYTHONPYCACHEPREFIX shared with the
+# benches, stopped at collection (bare ImportErrors); gpu_suite runs it without the prefix.
+set -u
+source scripts/device/common.sh
+
+case "${1:-}" in
+  verify)
+    queue_start
+    ( strict_cold
+      nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv \
+        -lms 500 > "$RES/clocks.csv" 2>&1 &
+      export CUDA_VISIBLE_DEVICES=0
+      env $(caches strict) python3 -m speedrun.cli bench --preset proxy212 --steps 3 --repeats 1 --warmup 3 \
+        --profile "$RES/profile.txt" --json "$RES/prof.json" > "$RES/prof.log" 2>&1
+      echo "$(date +%T) profile: exit $? | $(grep -E 'ms/step|idle' "$RES/prof.log" | head -3 | tr '\n' ' ')"
+      gpu_suite_inline ) > "$RES/q.log" 2>&1 ;;
+  stage) stage_proxy ;;
+  full)
+    restore_proxy
+    export PYTHONPYCACHEPREFIX=/tmp/pycache
+    unset PYTHONDONTWRITEBYTECODE
+    ( train 0 full-a strict
+      train 0 full-b strict
+      summaries
+      touch "$RES/full.done" ) > "$RES/q-full.log" 2>&1 ;;
+  wait) follow_and_collect "${2:-560}" "$RES/${3:-all}.done" "$RES/${4:-q.log}"; exit $? ;;
+  *) echo "usage: $0 verify | stage | full | wait SECONDS [DONE-NAME [LOG]]" >&2; exit 2 ;;
+esac
