@@ -97,6 +97,17 @@ queue_start() {  # the start of a queue mode that measures: no stale done files,
 stage_proxy() { mkdir -p /tmp/proxy-keep && cp -n .proxy/*.xz /tmp/proxy-keep/ && ls -la /tmp/proxy-keep; }
 restore_proxy() { rm -f "$RES"/*.done; cp -n /tmp/proxy-keep/*.xz .proxy/ && unpack_proxy && ls .proxy; }
 
+full_pair() {  # restore the kept shards; two proxy212 runs (full-a, full-b) on the strict caches, with
+  # Python's bytecode kept; summaries into $RES/q-full.log, then $RES/full.done
+  restore_proxy
+  export PYTHONPYCACHEPREFIX=/tmp/pycache
+  unset PYTHONDONTWRITEBYTECODE
+  ( train 0 full-a strict
+    train 0 full-b strict
+    summaries
+    touch "$RES/full.done" ) > "$RES/q-full.log" 2>&1
+}
+
 strict_cold() {  # GPU 0: 20 proxy212 steps, empty compiler caches, no bytecode written (the image's own
   # setting); run it as the machine's first Python process for the strict cold start
   echo "[gpu0] $(date +%T) strict cold start"

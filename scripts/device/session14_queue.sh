@@ -58,14 +58,7 @@ case "${1:-}" in
       echo "$(date +%T) GPU tests: $(tail -1 "$RES/gpu-tests-final.log")"
       touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
   stage) stage_proxy ;;
-  full)
-    restore_proxy
-    export PYTHONPYCACHEPREFIX=/tmp/pycache
-    unset PYTHONDONTWRITEBYTECODE
-    ( train 0 full-a strict
-      train 0 full-b strict
-      summaries
-      touch "$RES/full.done" ) > "$RES/q-full.log" 2>&1 ;;
+  full) full_pair ;;
   wait) follow_and_collect "${2:-560}" "$RES/${3:-all}.done" "$RES/${4:-q.log}"; exit $? ;;
   *) echo "usage: $0 verify | stage | full | wait SECONDS [DONE-NAME [LOG]]" >&2; exit 2 ;;
 esac

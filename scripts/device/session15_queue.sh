@@ -27,14 +27,7 @@ case "${1:-}" in
       echo "$(date +%T) profile: exit $? | $(grep -E 'ms/step|idle' "$RES/prof.log" | head -3 | tr '\n' ' ')"
       gpu_suite_inline ) > "$RES/q.log" 2>&1 ;;
   stage) stage_proxy ;;
-  full)
-    restore_proxy
-    export PYTHONPYCACHEPREFIX=/tmp/pycache
-    unset PYTHONDONTWRITEBYTECODE
-    ( train 0 full-a strict
-      train 0 full-b strict
-      summaries
-      touch "$RES/full.done" ) > "$RES/q-full.log" 2>&1 ;;
+  full) full_pair ;;
   wait) follow_and_collect "${2:-560}" "$RES/${3:-all}.done" "$RES/${4:-q.log}"; exit $? ;;
   *) echo "usage: $0 verify | stage | full | wait SECONDS [DONE-NAME [LOG]]" >&2; exit 2 ;;
 esac
