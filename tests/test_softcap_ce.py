@@ -292,6 +292,21 @@ def _assert_close_in_chunks(got, ref, rtol, atol, rows=4096):
         torch.testing.assert_close(got[i:i + rows].float(), ref[i:i + rows].float(), rtol=rtol, atol=atol)
 
 
+def _check_record_size(seed, form, cap, math, loss_rtol, rtol, atol):
+    """The kernel (with `math`) against the reference at the record's (49152, 50304) bfloat16: the loss
+    sum within loss_rtol relative, the bfloat16 gradient within rtol/atol. Returns (z, t)."""
+    z, t = _record_inputs(seed)
+    z.requires_grad_()
+    got = softcap_cross_entropy(z, t, cap, form, impl="triton", math=math)
+    (g_got,) = torch.autograd.grad(got, z)
+    ref = reference_cross_entropy(z, t, cap, form)
+    (g_ref,) = torch.autograd.grad(ref, z)
+    assert abs(got.item() - ref.item()) / abs(ref.item()) < loss_rtol, (got.item(), ref.item())
+    assert g_got.dtype == torch.bfloat16 and g_got.shape == z.shape
+    _assert_close_in_chunks(g_got, g_ref, rtol, atol)
+    return z.detach(), t
+
+
 def _record_inputs(seed=0):
     g = torch.Generator("cuda").manual_seed(seed)
     z = (torch.randn(N_REC, V_REC, generator=g, device="cuda") * 8).bfloat16()
@@ -304,16 +319,7 @@ def _record_inputs(seed=0):
 def test_gpu_kernel_matches_reference_at_record_size(cuda, form, cap):
     """(49152, 50304) bfloat16. Tolerances: loss sum relative 1e-5; gradient |got-ref| <= 1e-6 + 2^-7 |ref|."""
     pytest.importorskip("triton")
-    z, t = _record_inputs()
-    z.requires_grad_()
-    got = softcap_cross_entropy(z, t, cap, form, impl="triton")
-    (g_got,) = torch.autograd.grad(got, z)
-    ref = reference_cross_entropy(z, t, cap, form)
-    (g_ref,) = torch.autograd.grad(ref, z)
-    assert abs(got.item() - ref.item()) / abs(ref.item()) < LOSS_RTOL, (got.item(), ref.item())
-    assert g_got.dtype == torch.bfloat16 and g_got.shape == z.shape
-    rtol, atol = GRAD_TOL["bfloat16"]
-    _assert_close_in_chunks(g_got, g_ref, rtol, atol)
+    _check_record_size(0, form, cap, "precise", LOSS_RTOL, *GRAD_TOL["bfloat16"])
 
 
 @pytest.mark.gpu
@@ -323,19 +329,10 @@ def test_gpu_lean_at_record_size(cuda):
     head asks) differs from the precise kernel's in few bytes (float32 rounding moving a rounding edge)."""
     pytest.importorskip("triton")
     from speedrun import softcap_ce as sc
-    z, t = _record_inputs(2)
-    z.requires_grad_()
-    got = softcap_cross_entropy(z, t, 30.0, "sigmoid", impl="triton", math="lean")
-    (g_got,) = torch.autograd.grad(got, z)
-    ref = reference_cross_entropy(z, t, 30.0, "sigmoid")
-    (g_ref,) = torch.autograd.grad(ref, z)
-    assert abs(got.item() - ref.item()) / abs(ref.item()) < LOSS_RTOL, (got.item(), ref.item())
-    rtol, atol = GRAD_TOL["bfloat16"]
-    _assert_close_in_chunks(g_got, g_ref, rtol, atol)
-    del g_got, g_ref
+    z, t = _check_record_size(2, "sigmoid", 30.0, "lean", LOSS_RTOL, *GRAD_TOL["bfloat16"])
     rows = slice(0, 4096)
-    _, lean8 = sc.launch(z.detach()[rows], t[rows], 30.0, "sigmoid", True, torch.float8_e5m2, 448.0, "lean")
-    _, prec8 = sc.launch(z.detach()[rows], t[rows], 30.0, "sigmoid", True, torch.float8_e5m2, 448.0, "precise")
+    _, lean8 = sc.launch(z[rows], t[rows], 30.0, "sigmoid", True, torch.float8_e5m2, 448.0, "lean")
+    _, prec8 = sc.launch(z[rows], t[rows], 30.0, "sigmoid", True, torch.float8_e5m2, 448.0, "precise")
     differ = (lean8.view(torch.uint8) != prec8.view(torch.uint8)).float().mean().item()
     assert differ < 1e-3, differ
 
@@ -345,14 +342,7 @@ def test_gpu_tanh_approx_at_record_size(cuda):
     """math="tanh_approx" against the reference. The approximate tanh moves s by up to ~7e-3 and the
     softmax by ~1%: the loss sum within 1e-4 relative, the bfloat16 gradient within 2e-2."""
     pytest.importorskip("triton")
-    z, t = _record_inputs(1)
-    z.requires_grad_()
-    got = softcap_cross_entropy(z, t, 30.0, "sigmoid", impl="triton", math="tanh_approx")
-    (g_got,) = torch.autograd.grad(got, z)
-    ref = reference_cross_entropy(z, t, 30.0, "sigmoid")
-    (g_ref,) = torch.autograd.grad(ref, z)
-    assert abs(got.item() - ref.item()) / abs(ref.item()) < 1e-4, (got.item(), ref.item())
-    _assert_close_in_chunks(g_got, g_ref, 2e-2, 1e-6)
+    _check_record_size(1, "sigmoid", 30.0, "tanh_approx", 1e-4, 2e-2, 1e-6)
 
 
 @pytest.mark.gpu

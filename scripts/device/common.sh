@@ -97,6 +97,12 @@ queue_start() {  # the start of a queue mode that measures: no stale done files,
 stage_proxy() { mkdir -p /tmp/proxy-keep && cp -n .proxy/*.xz /tmp/proxy-keep/ && ls -la /tmp/proxy-keep; }
 restore_proxy() { rm -f "$RES"/*.done; cp -n /tmp/proxy-keep/*.xz .proxy/ && unpack_proxy && ls .proxy; }
 
+clocks_log() {  # clocks_log FILE: SM and memory clocks, power and temperature every 500 ms into $RES/FILE,
+  # in the background until the machine is released
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv \
+    -lms 500 > "$RES/$1" 2>&1 &
+}
+
 full_pair() {  # restore the kept shards; two proxy212 runs (full-a, full-b) on the strict caches, with
   # Python's bytecode kept; summaries into $RES/q-full.log, then $RES/full.done
   restore_proxy

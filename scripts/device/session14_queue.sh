@@ -25,8 +25,7 @@ case "${1:-}" in
   verify)
     queue_start
     ( strict_cold
-      nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv \
-        -lms 500 > "$RES/clocks.csv" 2>&1 &
+      clocks_log clocks.csv
       export PYTHONPYCACHEPREFIX=/tmp/pycache
       unset PYTHONDONTWRITEBYTECODE
       export CUDA_VISIBLE_DEVICES=0
@@ -47,8 +46,7 @@ case "${1:-}" in
       touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
   final)  # a fresh machine: the old and the new default on one cache, then the new kernels' GPU tests
     queue_start
-    ( nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv \
-        -lms 500 > "$RES/clocks-final.csv" 2>&1 &
+    ( clocks_log clocks-final.csv
       export PYTHONPYCACHEPREFIX=/tmp/pycache CUDA_VISIBLE_DEVICES=0 AB_CACHE=strict
       ab_shared old --set model.ce_math=precise --set model.mlp_options=bwd.GLUON=0
       ab_shared new

@@ -19,8 +19,7 @@ case "${1:-}" in
   verify)
     queue_start
     ( strict_cold
-      nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv \
-        -lms 500 > "$RES/clocks.csv" 2>&1 &
+      clocks_log clocks.csv
       export CUDA_VISIBLE_DEVICES=0
       env $(caches strict) python3 -m speedrun.cli bench --preset proxy212 --steps 3 --repeats 1 --warmup 3 \
         --profile "$RES/profile.txt" --json "$RES/prof.json" > "$RES/prof.log" 2>&1
