@@ -95,9 +95,23 @@ def test_device_idle_merges_overlaps_and_ranks_gaps():
     assert bench.device_idle([], steps=1) is None
 
 
-def test_bench_cpu_tiny(tmp_path, capsys):
+def test_bench_cpu_tiny(tmp_path, capsys, monkeypatch):
+    from speedrun import gpu_clocks
     from speedrun.cli import main
 
+    seen = {}
+    clocks = gpu_clocks.summarize([gpu_clocks.parse_row("1560, 1980, 690.0, 700.00, 58", ())], False)
+
+    class Sampler:  # stands in for nvidia-smi's sampler: the bench samples its timed steps only
+        def stop(self):
+            seen["stopped"] = True
+            return clocks
+
+    def start(device):
+        seen["device"] = device
+        return Sampler()
+
+    monkeypatch.setattr(gpu_clocks, "start", start)
     out = tmp_path / "b.json"
     prof = tmp_path / "prof.txt"
     rc = main(tiny_args("--steps", "2", "--repeats", "1", "--warmup", "1", "--json", str(out),
@@ -105,7 +119,7 @@ def test_bench_cpu_tiny(tmp_path, capsys):
     assert rc == 0
     text = capsys.readouterr().out
     for needle in ("ms/step (median)", "tokens/s", "fraction of peak", "fp32 1024^3 matmul", "top kernels",
-                   "nothing to measure"):
+                   "nothing to measure", "GPU clock (timed steps)", "1,560 MHz median (1,560-1,560; card max 1,980)"):
         assert needle in text
     r = json.loads(out.read_text())
     for key in ("ms_per_step", "ms_per_step_spread", "ms_per_step_groups", "tokens_per_s", "flops_per_token",
@@ -113,6 +127,7 @@ def test_bench_cpu_tiny(tmp_path, capsys):
                 "peak_memory_bytes", "setup_s", "first_step_s", "warmup_s", "compile_cache", "comm", "profile",
                 "env", "last_loss"):
         assert key in r, key
+    assert r["gpu_clocks"] == clocks and seen["stopped"] and seen["device"].type == "cpu"
     assert r["ms_per_step"] > 0 and len(r["ms_per_step_groups"]) == 1
     assert r["tokens_per_step"] == 512
     assert r["tokens_per_s"] == pytest.approx(512 / (r["ms_per_step"] / 1000))

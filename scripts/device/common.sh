@@ -42,7 +42,7 @@ train() {  # train GPU RUN CACHE [fresh]: proxy212 into /tmp/runs/RUN, log $RES/
   echo "[gpu$1] $(date +%T) start $2 (caches $3 ${4:-}) $extra"
   env $(caches "$3" "${4:-}") CUDA_VISIBLE_DEVICES=$1 python3 -m speedrun.train "${ARGS[@]}" $extra \
     --out "/tmp/runs/$2" > "$RES/$2.log" 2>&1
-  echo "[gpu$1] $(date +%T) end $2: exit $? | $(grep -E 'cold start' "$RES/$2.log" | head -1) | $(grep -E 'precompile|final val_loss|rror|warning' "$RES/$2.log" | tail -3 | tr '\n' ' ')"
+  echo "[gpu$1] $(date +%T) end $2: exit $? | $(grep -E 'cold start' "$RES/$2.log" | head -1) | $(grep -E 'precompile|GPU clock|final val_loss|rror|warning' "$RES/$2.log" | tail -4 | tr '\n' ' ')"
 }
 # ab NAME ARGS...: one A/B bench (3 x 10 steps after warm-up, random tokens) with its own empty compiler
 # caches, extra `speedrun bench` arguments appended; JSON and log in $RES/ab-NAME.*
@@ -51,7 +51,7 @@ ab() {  # ab NAME ARGS...
   echo "$(date +%T) ab $name $*"
   env $(caches "ab-$name" fresh) python3 -m speedrun.cli bench --preset proxy212 --steps 10 --repeats 3 "$@" \
     --json "$RES/ab-$name.json" > "$RES/ab-$name.log" 2>&1
-  echo "$(date +%T) ab $name: exit $? | $(grep -E 'ms/step|peak mem|graphs|rror' "$RES/ab-$name.log" | tr '\n' ' ')"
+  echo "$(date +%T) ab $name: exit $? | $(grep -E 'ms/step|peak mem|graphs|GPU clock|rror' "$RES/ab-$name.log" | tr '\n' ' ')"
 }
 
 ab_shared() {  # ab_shared NAME ARGS...: as `ab`, on one compiler cache shared by all ab_shared benches
@@ -60,7 +60,7 @@ ab_shared() {  # ab_shared NAME ARGS...: as `ab`, on one compiler cache shared b
   echo "$(date +%T) ab $name (shared cache) $*"
   env $(caches "${AB_CACHE:-ab-shared}") python3 -m speedrun.cli bench --preset proxy212 --steps 10 --repeats 3 "$@" \
     --json "$RES/ab-$name.json" > "$RES/ab-$name.log" 2>&1
-  echo "$(date +%T) ab $name: exit $? | $(grep -E 'ms/step|peak mem|graphs|rror' "$RES/ab-$name.log" | tr '\n' ' ')"
+  echo "$(date +%T) ab $name: exit $? | $(grep -E 'ms/step|peak mem|graphs|GPU clock|rror' "$RES/ab-$name.log" | tr '\n' ' ')"
 }
 
 gpu_suite_inline() {  # the whole GPU suite in the calling queue (no bytecode prefix), then $RES/all.done
@@ -82,7 +82,7 @@ for p in sorted(glob.glob("/tmp/runs/*/summary.json")):
     s = json.load(open(p))
     print(os.path.basename(os.path.dirname(p)), {k: s.get(k) for k in (
         "final_val_loss", "ms_per_step", "peak_memory_bytes", "cold_start_s", "graphs_compiled_in_timed_run",
-        "world_size")})
+        "world_size")}, "sm MHz", (s.get("gpu_clocks") or {}).get("sm_clock_mhz_median"))
     print("   phases", s.get("cold_start_phases_s"))
 PY
 }

@@ -21,7 +21,8 @@ Reported: ms/step, tokens/s, the model's FLOPs per token (`flops_per_token`,
 below), achieved FLOP/s and its fraction of a *measured* matmul peak (an
 8192^3 bf16 product timed with CUDA events on this GPU; on a CPU an fp32
 product, labelled), peak memory, set-up and compile times, the number of
-host synchronisations in one step (CUDA), and with `--profile FILE` the 15
+host synchronisations in one step (CUDA), the GPU's SM clock and power over the
+timed steps (`gpu_clocks`: a power-capped card shows), and with `--profile FILE` the 15
 kernels with the most device time. `--json FILE` writes every number.
 
 `--comm` adds the optimisers' communication: the collectives one step issues
@@ -54,6 +55,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from speedrun import gpu_clocks
 from speedrun.config import RunConfig, apply_overrides, validate
 
 DOC_LEN = 1000  # mean FineWeb document length in tokens (random data)
@@ -648,6 +650,7 @@ def format_report(r: dict) -> str:
                             f"{_fmt(r['achieved_flops_per_s_per_device'], '.3e')} per device"),
         ("matmul peak (measured)", f"{r['matmul_peak']['flops_per_s']:.3e} FLOP/s  [{r['matmul_peak']['kind']}]"),
         ("fraction of peak", f"{_fmt(r['fraction_of_peak'], '.3f')}"),
+        ("GPU clock (timed steps)", gpu_clocks.describe(r.get("gpu_clocks"))),
         ("peak memory", f"{_fmt_bytes(r['peak_memory_bytes'])} allocated, "
                         f"{_fmt_bytes(r['peak_reserved_bytes'])} reserved"),
         ("set-up / first step / warm-up", f"{r['setup_s']:.1f} s / {_fmt(r['first_step_s'])} s / "
@@ -741,7 +744,9 @@ def run_bench(args) -> dict:
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats(dev)
         graphs0 = compiled_graphs()
+        sampler = gpu_clocks.start(dev) if session.is_main else None
         groups, loss = session.time_groups(args.steps, args.repeats, args.progress)
+        clocks = sampler.stop() if sampler else None
         recompiled = compiled_graphs() - graphs0
         peak = torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None
         reserved = torch.cuda.max_memory_reserved(dev) if dev.type == "cuda" else None
@@ -779,6 +784,7 @@ def run_bench(args) -> dict:
             "cold_start_phases_s": tr.startup.as_dict(),
             "compile_cache": getattr(tr, "compile_cache", None), "last_loss": last_loss,
             "host_syncs": syncs, "comm": comm, "profile": prof, "env": _env_summary(environment()),
+            "gpu_clocks": clocks,
         }
         return result
     finally:

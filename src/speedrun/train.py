@@ -31,7 +31,7 @@ from speedrun.fp8 import fp8_supported
 from speedrun.model import GPT, count_parameters
 from speedrun.optimizers import build_optimizers
 from speedrun.rundir import RunDir, default_out_dir, git_commit, git_dirty
-from speedrun import dynamo_cache
+from speedrun import dynamo_cache, gpu_clocks
 from speedrun.startup import StartupPhases, bytecode_note, compiled_graphs
 
 
@@ -238,6 +238,7 @@ class Trainer:
         self._cold = True  # until the first timed step: marks go to the cold start's phases
         self._graphs_saved = 0  # Dynamo's graph count when its packages were last saved
         self._graphs_at_start, self._graphs_in_validation = 0, 0
+        self._clocks: gpu_clocks.ClockSampler | None = None  # started at the first timed step (main rank)
         self.warmup_count = cfg.train.warmup_steps  # fewer on a warm start (_prepare_compile)
         try:
             self._build()
@@ -430,6 +431,7 @@ class Trainer:
             atomic_write_text(self.out.path / "compile_times.txt", str(compile_times(repr="str", aggregate=True)))
         if self.info.is_main:
             print(f"speedrun: cold start {self.startup.describe()}", flush=True)
+            self._clocks = gpu_clocks.start(self.device)  # the timed run's SM clock and power (gpu_clocks.py)
         return self.startup.total()
 
     def stop_precompile(self) -> None:
@@ -523,13 +525,15 @@ class Trainer:
         self.guard.close()  # the last checkpoint write, if one is in flight
         self.save_dynamo_packages()  # graphs compiled since the first timed step (a late first validation)
         peak = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None
+        sampler, self._clocks = self._clocks, None
+        clocks = sampler.stop() if sampler is not None else None  # validations included (a few % of the run)
         summary = {
             "preset": self.cfg.name, "steps": t.steps, "final_val_loss": val_loss,
             "train_time_ms": clock.elapsed * 1000, "ms_per_step": clock.elapsed * 1000 / t.steps,
             "peak_memory_bytes": peak, "cold_start_s": cold_start,
             "cold_start_phases_s": self.startup.as_dict(),
             "graphs_compiled_in_timed_run": compiled_graphs() - self._graphs_at_start - self._graphs_in_validation,
-            "tokens": t.steps * self.tokens_per_step, **self.describe(),
+            "tokens": t.steps * self.tokens_per_step, "gpu_clocks": clocks, **self.describe(),
         }
         if self.out:
             from speedrun.checkpoint import save_model_files
@@ -540,6 +544,8 @@ class Trainer:
             if summary["graphs_compiled_in_timed_run"]:
                 print(f"speedrun: warning: {summary['graphs_compiled_in_timed_run']} graph(s) were compiled after "
                       "warm-up, inside the timed run (TORCH_LOGS=recompiles says why)", flush=True)
+            if clocks:
+                print(f"speedrun: GPU clock over the timed run: {gpu_clocks.describe(clocks)}", flush=True)
             print(f"speedrun: final val_loss {val_loss}, training time {clock.elapsed:.1f}s "
                   f"({summary['ms_per_step']:.1f} ms/step), cold start {cold_start:.1f}s -> {self.out.path}")
         if t.sample_tokens and self.info.is_main:

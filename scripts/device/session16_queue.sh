@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Issue 4, sixteenth session (one H200); written at the end of the fifteenth.
+#   verify  the candidate Gluon FP8 head forward (head_fwd_gluon_bench.py: ragged shapes, then the record's
+#           shape against cuBLAS, bit equality and times); the clock sampler's GPU test; a bench of the
+#           default that reports the GPU's clock (first GPU run of gpu_clocks inside `speedrun bench`)
+#           [all.done]
+#   stage   keep the carried proxy shards in /tmp/proxy-keep (the tree and all four shards exceed one
+#           call's carry)
+#   full    restore the kept shards; two proxy212 runs of the default (their summaries now carry the GPU
+#           clock) [full.done]
+#   wait S [D [LOG]]  print LOG (default q.log) until $RES/D.done exists (default all) or S seconds
+#           passed; tar the results into $OUT
+# Carry [".proxy"] without shard 4 for verify and stage, then [".proxy"] with shard 4 alone for full.
+# Launch: (setsid nohup bash scripts/device/session16_queue.sh verify > /tmp/q-launch.log 2>&1 &)
+set -u
+source scripts/device/common.sh
+
+case "${1:-}" in
+  verify)
+    queue_start
+    ( clocks_log clocks.csv
+      export CUDA_VISIBLE_DEVICES=0
+      (cd scripts/device && timeout 420 python3 head_fwd_gluon_bench.py "$RES/head-fwd-gluon.json") \
+        > "$RES/head-fwd-gluon.log" 2>&1
+      echo "$(date +%T) head forward kernel: exit $? | $(tail -12 "$RES/head-fwd-gluon.log" | tr '\n' ' ')"
+      env -u PYTHONPYCACHEPREFIX timeout 120 python3 -m pytest -m gpu -q tests/test_gpu_clocks.py \
+        > "$RES/gpu-tests-clocks.log" 2>&1
+      echo "$(date +%T) clock GPU test: $(tail -1 "$RES/gpu-tests-clocks.log")"
+      ab default
+      touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
+  stage) stage_proxy ;;
+  full) full_pair ;;
+  wait) follow_and_collect "${2:-560}" "$RES/${3:-all}.done" "$RES/${4:-q.log}"; exit $? ;;
+  *) echo "usage: $0 verify | stage | full | wait SECONDS [DONE-NAME [LOG]]" >&2; exit 2 ;;
+esac
