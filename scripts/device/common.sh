@@ -114,6 +114,13 @@ full_pair() {  # restore the kept shards; two proxy212 runs (full-a, full-b) on 
     touch "$RES/full.done" ) > "$RES/q-full.log" 2>&1
 }
 
+verify_prelude() {  # a verify queue's start, inside its logged subshell: the strict cold start as the machine's
+  # first Python process, then the clock and power log, then GPU 0 for what follows
+  strict_cold
+  clocks_log clocks.csv
+  export CUDA_VISIBLE_DEVICES=0
+}
+
 strict_cold() {  # GPU 0: 20 proxy212 steps, empty compiler caches, no bytecode written (the image's own
   # setting); run it as the machine's first Python process for the strict cold start
   echo "[gpu0] $(date +%T) strict cold start"

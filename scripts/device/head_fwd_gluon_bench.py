@@ -64,7 +64,6 @@ M, K, N = 49152, 768, 50304
 X_S = math.sqrt(768) / 448  # fp8.head_matmul's x scale at the record's width
 W_S = 2.0**-9               # fp8.W_SCALE
 RAGGED = [(1000, 256, 392), (144, 128, 264), (300, 208, 520), (4096, 768, 50304)]  # (M, K, N)
-SMEM_LIMIT = 227 * 1024
 
 # Launch configurations. MAXNREG: registers a thread at launch (12 warps x 32 x 168 <= 65,536);
 # EPI_REGS: the store warpgroup's after setmaxnreg (the consumers get (12 x 168 - 4 x EPI_REGS) / 8,
@@ -82,8 +81,8 @@ CONFIGS = {
 NUM_WARPS = 8  # the consumer (default) partition: two warpgroups
 
 _KERNEL = None
-gluon = gl = tma = mbarrier = fence_async_shared = warpgroup_mma = warpgroup_mma_wait = None
-_tile_coords = _issue_load = _mma_partition = _store_partition = None
+gluon = gl = tma = mbarrier = None
+_tile_origin = _issue_load = _shared_state = _mma_partition = _store_partition = None
 
 
 def config(cfg=None) -> dict:
@@ -101,70 +100,20 @@ def smem_bytes(cfg: dict) -> int:
 
 
 def _build():
-    """Import Triton/Gluon and define the kernel (once). The jit functions find each other and the
-    Gluon modules through this module's globals, where the code generator looks them up."""
-    global _KERNEL, gluon, gl, tma, mbarrier, fence_async_shared, warpgroup_mma, warpgroup_mma_wait
-    global _tile_coords, _issue_load, _mma_partition, _store_partition
+    """Define the kernel (once). Everything but the store partition is the ReLU² kernel's
+    (`speedrun.relu2_gluon`): the tile order, the TMA ring's loads (B given as (N, K): B_NK=True), the
+    shared state and the consumer partition (SCALED: bf16(acc * scale)). Those resolve their own names
+    in relu2_gluon's globals; the jit functions below find theirs in this module's."""
+    global _KERNEL, gluon, gl, tma, mbarrier
+    global _tile_origin, _issue_load, _shared_state, _mma_partition, _store_partition
     if _KERNEL is not None:
         return _KERNEL
-    from triton.experimental import gluon as _gluon
-    from triton.experimental.gluon import language as _gl
-    from triton.experimental.gluon.language.nvidia import hopper as _hopper
-
-    gluon, gl = _gluon, _gl
-    tma, mbarrier = _hopper.tma, _hopper.mbarrier
-    fence_async_shared = _hopper.fence_async_shared
-    warpgroup_mma, warpgroup_mma_wait = _hopper.warpgroup_mma, _hopper.warpgroup_mma_wait
-
-    # the tile order and the TMA ring's loads are the ReLU² kernel's (B given as (N, K): B_NK=True);
-    # they resolve their own names (gl, tma, mbarrier) in relu2_gluon's globals
     from speedrun import relu2_gluon
 
     relu2_gluon._build()
-    _tile_coords, _issue_load = relu2_gluon._tile_coords, relu2_gluon._issue_load
-
-    @gluon.jit
-    def _mma_partition(a_desc, b_desc, a_bufs, b_bufs, e_buf, ready, acc_ready, acc_free, scale_ptr, M, N, K,
-                       GROUP_M: gl.constexpr, num_warps: gl.constexpr):
-        """The consumers: one async wgmma per k-step in flight, the ring's loads STAGES-1 steps ahead
-        (across tile boundaries); at a tile's end bf16(acc * scale) into the epilogue buffer."""
-        BM: gl.constexpr = e_buf.shape[0]
-        BN: gl.constexpr = e_buf.shape[1]
-        BK: gl.constexpr = a_bufs.shape[2]
-        STAGES: gl.constexpr = a_bufs.shape[0]
-        # wgmma's accumulator layout; instr k = 32 for 8-bit operands (256 bits / element width)
-        layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                          instr_shape=[16, BN, 32])
-        scale = gl.load(scale_ptr)  # once: a 0-d float32
-        num_m = gl.cdiv(M, BM)
-        num_n = gl.cdiv(N, BN)
-        pid = gl.program_id(0)
-        progs = gl.num_programs(0)
-        k_steps = gl.cdiv(K, BK)
-        total = ((num_m * num_n - pid + progs - 1) // progs) * k_steps  # this program's k-steps
-        for i in gl.static_range(STAGES - 1):
-            _issue_load(i, total, k_steps, num_m, num_n, a_desc, b_desc, a_bufs, b_bufs, ready, True, GROUP_M)
-        acc = gl.zeros([BM, BN], gl.float32, layout)
-        it = 0
-        t = 0
-        for tile in range(pid, num_m * num_n, progs):
-            for ks in range(k_steps):
-                s = it % STAGES
-                mbarrier.wait(ready.index(s), (it // STAGES) & 1)
-                acc = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), acc, use_acc=ks > 0,
-                                    is_async=True)
-                acc = warpgroup_mma_wait(1, deps=(acc, ))
-                # step it-1's wgmma is done (both warpgroups: Triton's barrier before the TMA issue),
-                # so its slot, (it + STAGES - 1) % STAGES, takes step it + STAGES - 1
-                _issue_load(it + STAGES - 1, total, k_steps, num_m, num_n, a_desc, b_desc, a_bufs, b_bufs, ready,
-                            True, GROUP_M)
-                it += 1
-            acc = warpgroup_mma_wait(0, deps=(acc, ))
-            mbarrier.wait(acc_free, (t & 1) ^ 1)  # passes at once for the first tile
-            e_buf.store((acc * scale).to(gl.bfloat16))
-            fence_async_shared()  # the store partition's TMA stores read what these generic stores wrote
-            mbarrier.arrive(acc_ready)
-            t += 1
+    gluon, gl, tma, mbarrier = relu2_gluon.gluon, relu2_gluon.gl, relu2_gluon.tma, relu2_gluon.mbarrier
+    _tile_origin, _issue_load = relu2_gluon._tile_origin, relu2_gluon._issue_load
+    _shared_state, _mma_partition = relu2_gluon._shared_state, relu2_gluon._mma_partition
 
     @gluon.jit
     def _store_partition(out_desc, e_buf, acc_ready, acc_free, M, N, GROUP_M: gl.constexpr,
@@ -175,13 +124,9 @@ def _build():
         BN: gl.constexpr = e_buf.shape[1]
         SUB: gl.constexpr = out_desc.block_type.shape[1]
         SPLIT: gl.constexpr = BN // SUB
-        num_m = gl.cdiv(M, BM)
-        num_n = gl.cdiv(N, BN)
         t = 0
-        for tile in range(gl.program_id(0), num_m * num_n, gl.num_programs(0)):
-            pid_m, pid_n = _tile_coords(tile, num_m, num_n, GROUP_M)
-            off_m = pid_m * BM
-            off_n = pid_n * BN
+        for tile in range(gl.program_id(0), gl.cdiv(M, BM) * gl.cdiv(N, BN), gl.num_programs(0)):
+            off_m, off_n = _tile_origin(tile, M, N, BM, BN, GROUP_M)
             mbarrier.wait(acc_ready, t & 1)
             if STORE:
                 for j in gl.static_range(SPLIT):
@@ -198,22 +143,11 @@ def _build():
                          STORE: gl.constexpr, num_warps: gl.constexpr):
         """z = bf16((A @ B.T) * scale), A (M, K) and B (N, K) fp8 e4m3 (K-major), tile by tile.
         Persistent: grid <= tiles."""
-        BM: gl.constexpr = a_desc.block_type.shape[0]
-        BN: gl.constexpr = b_desc.block_type.shape[0]
-        a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
-        b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
-        e_buf = gl.allocate_shared_memory(gl.bfloat16, [BM, BN], out_desc.layout)
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        acc_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        acc_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(STAGES):
-            mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(acc_ready, count=1)
-        mbarrier.init(acc_free, count=1)
-        fence_async_shared()  # barrier initialisation visible to the TMA unit before any copy
+        a_bufs, b_bufs, e_buf, ready, acc_ready, acc_free = _shared_state(a_desc, b_desc, out_desc,
+                                                                          b_desc.block_type.shape[0], STAGES)
         gl.warp_specialize([
             (_mma_partition, (a_desc, b_desc, a_bufs, b_bufs, e_buf, ready, acc_ready, acc_free, scale_ptr, M, N, K,
-                              GROUP_M, num_warps)),
+                              True, GROUP_M, True, num_warps)),
             (_store_partition, (out_desc, e_buf, acc_ready, acc_free, M, N, GROUP_M, STORE)),
         ], [EPI_WARPS], [EPI_REGS])
 
@@ -301,8 +235,7 @@ def compile_offline(cfg=None):
 
 
 def compile_only() -> bool:
-    from relu2_gluon_bench import ptx_checks, ptxas_report  # same folder: the relu2 kernel's PTX checks
-    from speedrun.relu2_gluon import resource_usage
+    from relu2_gluon_bench import inspect_compiled  # same folder: the relu2 kernel's compile checks
 
     ok = True
     dump = os.environ.get("HEAD_FWD_GLUON_DUMP")  # a folder: each variant's ttgir/ptx written there
@@ -314,25 +247,10 @@ def compile_only() -> bool:
             ok = False
             print(f"{name}: COMPILE FAILED {type(e).__name__}: {str(e)[:2000]}")
             continue
-        usage = resource_usage(k.asm["cubin"])
-        checks = ptx_checks(k.asm["ptx"])
-        ptxas = ptxas_report(k.asm["ptx"])
-        spills = usage.get("LOCAL", 0) > 0 or usage.get("STACK", 0) > 0 or " 0 bytes spill stores" not in ptxas
-        too_big = k.metadata.shared + usage.get("SHARED", 0) > SMEM_LIMIT  # dynamic + static (conservative)
-        ok &= not (spills or too_big)
         blocks = [m.get("block_size") for m in (k.metadata.tensordesc_meta or [])]
-        print(f"{name} {over}: REG {usage.get('REG')} STACK {usage.get('STACK')} LOCAL {usage.get('LOCAL', 0)} "
-              f"shared: dynamic {k.metadata.shared} B (ring + buffer {smem_bytes(cfg)} B) + static {usage.get('SHARED')} B "
-              f"(limit {SMEM_LIMIT}), "
-              f"warps {k.metadata.num_warps}, setmaxnreg {checks['setmaxnreg_values']}, TMA boxes {blocks}"
-              f"{'  SPILLS' if spills else ''}{'  SHARED MEMORY TOO LARGE' if too_big else ''}")
-        print("    ptxas:", ptxas)
-        print("   ", {k2: v for k2, v in checks.items() if k2 != "setmaxnreg_values"})
-        if dump:
-            os.makedirs(dump, exist_ok=True)
-            for ext in ("ttgir", "ptx"):
-                with open(os.path.join(dump, f"{name}.{ext}"), "w") as f:
-                    f.write(k.asm[ext])
+        r = inspect_compiled(f"{name} {over}", k, dump and os.path.join(dump, name),
+                             f", ring + buffer {smem_bytes(cfg)} B, TMA boxes {blocks}")
+        ok &= not (r["spills"] or r["too_big"])
     print("ok: no spills, shared memory within the limit" if ok else "FAILED: see above")
     return ok
 

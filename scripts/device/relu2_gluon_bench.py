@@ -63,34 +63,42 @@ def ptx_checks(ptx: str) -> dict:
     return out
 
 
+SMEM_LIMIT = 232448  # bytes of shared memory a block may have on an H100/H200 (227 KB)
+
+
+def inspect_compiled(name, k, dump=None, extra=""):
+    """Registers, spills, shared memory (dynamic + static against SMEM_LIMIT) and the PTX's
+    synchronisation counts of a compiled kernel; prints them (with `extra`), writes its ttgir and PTX
+    into the folder `dump` if given; the report as a dict ("spills", "too_big" flag failures)."""
+    usage = resource_usage(k.asm["cubin"])
+    checks = ptx_checks(k.asm["ptx"])
+    ptxas = ptxas_report(k.asm["ptx"])
+    spills = usage.get("LOCAL", 0) > 0 or usage.get("STACK", 0) > 0 or " 0 bytes spill stores" not in ptxas
+    too_big = k.metadata.shared + usage.get("SHARED", 0) > SMEM_LIMIT
+    print(f"{name}: REG {usage.get('REG')} STACK {usage.get('STACK')} LOCAL {usage.get('LOCAL', 0)} "
+          f"shared {k.metadata.shared} B dynamic + {usage.get('SHARED')} B static (limit {SMEM_LIMIT}), "
+          f"warps {k.metadata.num_warps}, setmaxnreg {checks['setmaxnreg_values']}{extra}"
+          f"{'  SPILLS' if spills else ''}{'  SHARED MEMORY TOO LARGE' if too_big else ''}")
+    print("    ptxas:", ptxas)
+    print("   ", {k2: v for k2, v in checks.items() if k2 != "setmaxnreg_values"})
+    if dump:
+        os.makedirs(dump, exist_ok=True)
+        for ext in ("ttgir", "ptx"):
+            with open(os.path.join(dump, f"{name}.{ext}"), "w") as f:
+                f.write(k.asm[ext])
+    return {"usage": usage, "ptxas": ptxas, "ptx": checks, "dynamic_shared_bytes": k.metadata.shared,
+            "num_warps": k.metadata.num_warps, "spills": spills, "too_big": too_big}
+
+
 def compile_only():
     from speedrun import relu2_gluon as G
 
     variants = [("fwd_store_h_and_a", G.STORE_H_AND_A, True), ("fwd_store_a", G.STORE_A, True),
                 ("bwd_drelu2", G.DRELU2, False)]
-    report = {}
-    ok = True
-    dump = os.environ.get("RELU2_GLUON_DUMP")  # a folder: write each variant's ttgir/ptx/sass there
-    for name, epi, b_nk in variants:
-        k = compile_variant(epi, b_nk)
-        usage = resource_usage(k.asm["cubin"])
-        checks = ptx_checks(k.asm["ptx"])
-        ptxas = ptxas_report(k.asm["ptx"])
-        spills = usage.get("LOCAL", 0) > 0 or usage.get("STACK", 0) > 0 or " 0 bytes spill stores" not in ptxas
-        ok &= not spills
-        report[name] = {"usage": usage, "ptxas": ptxas, "ptx": checks, "dynamic_shared_bytes": k.metadata.shared,
-                        "num_warps": k.metadata.num_warps, "spills": spills}
-        print(f"{name}: REG {usage.get('REG')} STACK {usage.get('STACK')} LOCAL {usage.get('LOCAL', 0)} "
-              f"SHARED(static) {usage.get('SHARED')} dynamic shared {k.metadata.shared} B, "
-              f"warps {k.metadata.num_warps}, setmaxnreg {checks['setmaxnreg_values']}")
-        print("    ptxas:", ptxas)
-        print("   ", {k2: v for k2, v in checks.items() if k2 != "setmaxnreg_values"})
-        if dump:
-            os.makedirs(dump, exist_ok=True)
-            for ext in ("ttgir", "ptx"):
-                with open(os.path.join(dump, f"{name}.{ext}"), "w") as f:
-                    f.write(k.asm[ext])
-    print("no spills" if ok else "SPILLS FOUND")
+    dump = os.environ.get("RELU2_GLUON_DUMP")  # a folder: write each variant's ttgir/ptx there
+    report = {name: inspect_compiled(name, compile_variant(epi, b_nk), dump) for name, epi, b_nk in variants}
+    ok = not any(r["spills"] or r["too_big"] for r in report.values())
+    print("no spills, shared memory within the limit" if ok else "SPILLS OR TOO MUCH SHARED MEMORY")
     return report, ok
 
 

@@ -24,11 +24,9 @@ source scripts/device/common.sh
 case "${1:-}" in
   verify)
     queue_start
-    ( strict_cold
-      clocks_log clocks.csv
+    ( verify_prelude
       export PYTHONPYCACHEPREFIX=/tmp/pycache
       unset PYTHONDONTWRITEBYTECODE
-      export CUDA_VISIBLE_DEVICES=0
       echo "$(date +%T) ce_math_bench"
       (cd scripts/device && timeout 300 python3 ce_math_bench.py "$RES/ce-math.json" > "$RES/ce-math.log" 2>&1)
       echo "$(date +%T) ce_math_bench: exit $? | $(grep -c train_us "$RES/ce-math.log") variants timed"

@@ -21,9 +21,7 @@ source scripts/device/common.sh
 case "${1:-}" in
   verify)
     queue_start
-    ( strict_cold
-      clocks_log clocks.csv
-      export CUDA_VISIBLE_DEVICES=0
+    ( verify_prelude
       env $(caches strict) python3 -m speedrun.cli bench --preset proxy212 --steps 3 --repeats 1 --warmup 3 \
         --profile "$RES/profile.txt" --json "$RES/prof.json" > "$RES/prof.log" 2>&1
       echo "$(date +%T) profile: exit $? | $(grep -E 'ms/step|idle' "$RES/prof.log" | head -3 | tr '\n' ' ')"

@@ -91,7 +91,7 @@ NUM_WARPS = 8  # the default (consumer) partition: two warpgroups
 
 _KERNEL = None
 gluon = gl = tma = mbarrier = fence_async_shared = warpgroup_mma = warpgroup_mma_wait = None
-_tile_coords = _issue_load = _mma_partition = _epilogue_fwd = _epilogue_bwd = _load_h = None
+_tile_coords = _tile_origin = _issue_load = _shared_state = _mma_partition = _epilogue_fwd = _epilogue_bwd = _load_h = None
 
 
 def available() -> bool:
@@ -107,7 +107,7 @@ def _build():
     """Import Triton/Gluon and define the kernel (once). The jit functions find each other and the
     Gluon modules through this module's globals, where the code generator looks them up."""
     global _KERNEL, gluon, gl, tma, mbarrier, fence_async_shared, warpgroup_mma, warpgroup_mma_wait
-    global _tile_coords, _issue_load, _mma_partition, _epilogue_fwd, _epilogue_bwd, _load_h
+    global _tile_coords, _tile_origin, _issue_load, _shared_state, _mma_partition, _epilogue_fwd, _epilogue_bwd, _load_h
     if _KERNEL is not None:
         return _KERNEL
     from triton.experimental import gluon as _gluon
@@ -126,6 +126,12 @@ def _build():
         first_m = (tile // per_group) * GROUP_M
         size_m = gl.minimum(num_m - first_m, GROUP_M)
         return first_m + (tile % per_group) % size_m, (tile % per_group) // size_m
+
+    @gluon.jit
+    def _tile_origin(tile, M, N, BM: gl.constexpr, BN: gl.constexpr, GROUP_M: gl.constexpr):
+        """The first row and column of output tile `tile` (BM x BN tiles in `_tile_coords`' order)."""
+        pid_m, pid_n = _tile_coords(tile, gl.cdiv(M, BM), gl.cdiv(N, BN), GROUP_M)
+        return pid_m * BM, pid_n * BN
 
     @gluon.jit
     def _issue_load(step, total, k_steps, num_m, num_n, a_desc, b_desc, a_bufs, b_bufs, ready,
@@ -151,16 +157,21 @@ def _build():
             tma.async_copy_global_to_shared(b_desc, [k, pid_n * BN], bar, b_bufs.index(s), pred=live)
 
     @gluon.jit
-    def _mma_partition(a_desc, b_desc, a_bufs, b_bufs, e_buf, ready, acc_ready, acc_free, M, N, K,
-                       B_NK: gl.constexpr, GROUP_M: gl.constexpr, num_warps: gl.constexpr):
+    def _mma_partition(a_desc, b_desc, a_bufs, b_bufs, e_buf, ready, acc_ready, acc_free, scale_ptr, M, N, K,
+                       B_NK: gl.constexpr, GROUP_M: gl.constexpr, SCALED: gl.constexpr, num_warps: gl.constexpr):
         """The consumers: async wgmma per k-step (one in flight) with the ring's loads issued STAGES-1
-        steps ahead (across tile boundaries), then bf16(acc) into the epilogue buffer."""
+        steps ahead (across tile boundaries), then bf16(acc), or bf16(acc * scale) with SCALED (a 0-d
+        float32 at scale_ptr, read once), into the epilogue buffer. Operands of 16 or 8 bits (the FP8
+        head's candidate in scripts/device/head_fwd_gluon_bench.py uses this partition too)."""
         BM: gl.constexpr = e_buf.shape[0]
         BN: gl.constexpr = e_buf.shape[1]
         BK: gl.constexpr = a_bufs.shape[2]
         STAGES: gl.constexpr = a_bufs.shape[0]
+        INSTR_K: gl.constexpr = 256 // a_bufs.dtype.primitive_bitwidth  # wgmma's k: 16 (bf16), 32 (fp8)
         layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                          instr_shape=[16, BN, 16])
+                                                          instr_shape=[16, BN, INSTR_K])
+        if SCALED:
+            scale = gl.load(scale_ptr)
         num_m = gl.cdiv(M, BM)
         num_n = gl.cdiv(N, BN)
         pid = gl.program_id(0)
@@ -188,8 +199,11 @@ def _build():
                             B_NK, GROUP_M)
                 it += 1
             acc = warpgroup_mma_wait(0, deps=(acc, ))
-            mbarrier.wait(acc_free, (t & 1) ^ 1)
-            e_buf.store(acc.to(gl.bfloat16))
+            mbarrier.wait(acc_free, (t & 1) ^ 1)  # passes at once for the first tile
+            if SCALED:
+                e_buf.store((acc * scale).to(gl.bfloat16))
+            else:
+                e_buf.store(acc.to(gl.bfloat16))
             fence_async_shared()  # the epilogue's TMA stores read what these generic stores wrote
             mbarrier.arrive(acc_ready)
             t += 1
@@ -203,13 +217,9 @@ def _build():
         SUB: gl.constexpr = out_desc.block_type.shape[1]
         SPLIT: gl.constexpr = BN // SUB
         layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [EPI_WARPS, 1], [1, 0])
-        num_m = gl.cdiv(M, BM)
-        num_n = gl.cdiv(N, BN)
         t = 0
-        for tile in range(gl.program_id(0), num_m * num_n, gl.num_programs(0)):
-            pid_m, pid_n = _tile_coords(tile, num_m, num_n, GROUP_M)
-            off_m = pid_m * BM
-            off_n = pid_n * BN
+        for tile in range(gl.program_id(0), gl.cdiv(M, BM) * gl.cdiv(N, BN), gl.num_programs(0)):
+            off_m, off_n = _tile_origin(tile, M, N, BM, BN, GROUP_M)
             mbarrier.wait(acc_ready, t & 1)
             if STORE_H:
                 for j in gl.static_range(SPLIT):
@@ -246,13 +256,9 @@ def _build():
         SUB: gl.constexpr = out_desc.block_type.shape[1]
         SPLIT: gl.constexpr = BN // SUB
         layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [EPI_WARPS, 1], [1, 0])
-        num_m = gl.cdiv(M, BM)
-        num_n = gl.cdiv(N, BN)
         t = 0
-        for tile in range(gl.program_id(0), num_m * num_n, gl.num_programs(0)):
-            pid_m, pid_n = _tile_coords(tile, num_m, num_n, GROUP_M)
-            off_m = pid_m * BM
-            off_n = pid_n * BN
+        for tile in range(gl.program_id(0), gl.cdiv(M, BM) * gl.cdiv(N, BN), gl.num_programs(0)):
+            off_m, off_n = _tile_origin(tile, M, N, BM, BN, GROUP_M)
             h = _load_h(h_ptr, off_m, off_n, M, N, BM, SUB, layout)
             mbarrier.wait(acc_ready, t & 1)
             for j in gl.static_range(SPLIT):
@@ -272,15 +278,12 @@ def _build():
             t += 1
 
     @gluon.jit
-    def _relu2_ws_kernel(a_desc, b_desc, h_desc, out_desc, h_ptr, M, N, K,
-                         EPILOGUE: gl.constexpr, B_NK: gl.constexpr, BLOCK_N: gl.constexpr,
-                         GROUP_M: gl.constexpr, STAGES: gl.constexpr, EPI_WARPS: gl.constexpr,
-                         EPI_REGS: gl.constexpr, num_warps: gl.constexpr):
-        """P = A B (A (M, K); B (N, K) if B_NK else (K, N)) tile by tile, epilogue by EPILOGUE
-        (0 h and a, 1 g from h, 2 a only: relu2_mlp's codes). Persistent: grid <= tiles."""
+    def _shared_state(a_desc, b_desc, out_desc, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+        """The operand ring (STAGES slots of A and B blocks), the bf16 epilogue buffer (a BLOCK_M x
+        BLOCK_N tile) and the initialised barriers: `ready` per slot, `acc_ready`, `acc_free`."""
         BM: gl.constexpr = a_desc.block_type.shape[0]
-        a_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES] + a_desc.block_type.shape, a_desc.layout)
-        b_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES] + b_desc.block_type.shape, b_desc.layout)
+        a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
+        b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
         e_buf = gl.allocate_shared_memory(gl.bfloat16, [BM, BLOCK_N], out_desc.layout)
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         acc_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -290,17 +293,26 @@ def _build():
         mbarrier.init(acc_ready, count=1)
         mbarrier.init(acc_free, count=1)
         fence_async_shared()  # barrier initialisation visible to the TMA unit before any copy
+        return a_bufs, b_bufs, e_buf, ready, acc_ready, acc_free
 
+    @gluon.jit
+    def _relu2_ws_kernel(a_desc, b_desc, h_desc, out_desc, h_ptr, M, N, K,
+                         EPILOGUE: gl.constexpr, B_NK: gl.constexpr, BLOCK_N: gl.constexpr,
+                         GROUP_M: gl.constexpr, STAGES: gl.constexpr, EPI_WARPS: gl.constexpr,
+                         EPI_REGS: gl.constexpr, num_warps: gl.constexpr):
+        """P = A B (A (M, K); B (N, K) if B_NK else (K, N)) tile by tile, epilogue by EPILOGUE
+        (0 h and a, 1 g from h, 2 a only: relu2_mlp's codes). Persistent: grid <= tiles."""
+        a_bufs, b_bufs, e_buf, ready, acc_ready, acc_free = _shared_state(a_desc, b_desc, out_desc, BLOCK_N, STAGES)
         if EPILOGUE == 1:
             gl.warp_specialize([
-                (_mma_partition, (a_desc, b_desc, a_bufs, b_bufs, e_buf, ready, acc_ready, acc_free, M, N, K, B_NK,
-                                  GROUP_M, num_warps)),
+                (_mma_partition, (a_desc, b_desc, a_bufs, b_bufs, e_buf, ready, acc_ready, acc_free, h_ptr, M, N, K,
+                                  B_NK, GROUP_M, False, num_warps)),
                 (_epilogue_bwd, (h_ptr, out_desc, e_buf, acc_ready, acc_free, M, N, GROUP_M, EPI_WARPS)),
             ], [EPI_WARPS], [EPI_REGS])
         else:
             gl.warp_specialize([
-                (_mma_partition, (a_desc, b_desc, a_bufs, b_bufs, e_buf, ready, acc_ready, acc_free, M, N, K, B_NK,
-                                  GROUP_M, num_warps)),
+                (_mma_partition, (a_desc, b_desc, a_bufs, b_bufs, e_buf, ready, acc_ready, acc_free, h_ptr, M, N, K,
+                                  B_NK, GROUP_M, False, num_warps)),
                 (_epilogue_fwd, (h_desc, out_desc, e_buf, acc_ready, acc_free, M, N, EPILOGUE == 0, GROUP_M,
                                  EPI_WARPS)),
             ], [EPI_WARPS], [EPI_REGS])
