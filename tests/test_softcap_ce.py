@@ -184,6 +184,29 @@ _INTERPRETED = textwrap.dedent(r'''
     out["cases"].append(compare("sigmoid", 30.0, torch.bfloat16, 4, 4096, 8.0, 1024, seed=9, math="lean"))
     out["cases"].append(compare("tanh", 30.0, torch.float32, 9, 3001, 10.0, 512, seed=10, math="lean"))
 
+    # the lean kernel given the Gluon head's row sums (head_gluon.rowsums_reference's float64 values here)
+    # reads them instead of making its first pass: the same losses and gradients (an ignored row, the
+    # target in the last tile, tile counts 1, 12 and 197 = the record's)
+    from speedrun import head_gluon
+    sc.LEAN_CONFIG.update(POLY=1, BLOCK_V=512, num_warps=4)
+    out["rowsums"] = []
+    for seed, (N, V) in enumerate([(37, 3001), (4, 50304), (3, 200)]):
+        g = torch.Generator().manual_seed(100 + seed)
+        z = (torch.randn(N, V, generator=g) * 10).bfloat16()
+        t = torch.randint(0, V, (N,), generator=g)
+        t[N // 2], t[0] = sc.IGNORE_INDEX, V - 1
+        rs = head_gluon.rowsums_reference(z, 30.0).float()
+        l0, g0 = sc.launch(z, t, 30.0, "sigmoid", True, math="lean")
+        l1, g1 = sc.launch(z, t, 30.0, "sigmoid", True, math="lean", rowsums=rs)
+        out["rowsums"].append(dict(N=N, V=V, tiles=rs.shape[1], loss_max_rel=((l1 - l0).abs() / l0.abs().clamp_min(1e-30)).max().item(),
+                                   ignored_zero=bool(l1[N // 2] == 0), grad_max_abs=(g1.float() - g0.float()).abs().max().item(),
+                                   grad_scale=g0.float().abs().max().item()))
+    try:
+        sc.launch(z, t, 30.0, "sigmoid", True, math="precise", rowsums=rs)
+        out["rowsums_refused_for_precise"] = False
+    except ValueError:
+        out["rowsums_refused_for_precise"] = True
+
     # the polynomial 2^x against float64 over the range the kernel feeds it ([-60, 11] at the record's
     # constants; the whole claimed [-125, 125] here), run as a one-program kernel
     import triton, triton.language as tl
@@ -262,6 +285,17 @@ def test_interpreted_kernel_matches_reference(interpreted):
         assert case["grad_over_tol"] <= 1.0, (label, case)
         assert case["grad_dtype"] == case["dtype"], label
         assert case["nograd_equal"], label
+
+
+def test_interpreted_lean_kernel_with_the_heads_row_sums(interpreted):
+    """Fed the row sums (the Gluon head's epilogue writes them on the GPU), the lean kernel gives the same
+    per-row losses (float32 roundings of a differently ordered sum apart) and gradients (bfloat16 ulps)."""
+    assert [c["tiles"] for c in interpreted["rowsums"]] == [12, 197, 1]
+    for case in interpreted["rowsums"]:
+        assert case["loss_max_rel"] < 1e-6, case
+        assert case["ignored_zero"], case
+        assert case["grad_max_abs"] <= 2.0**-7 * case["grad_scale"], case
+    assert interpreted["rowsums_refused_for_precise"]
 
 
 def test_interpreted_lean_polynomial_exp2_is_float32_accurate(interpreted):

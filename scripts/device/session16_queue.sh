@@ -4,6 +4,13 @@
 #           shape against cuBLAS, bit equality and times); the clock sampler's GPU test; a bench of the
 #           default that reports the GPU's clock (first GPU run of gpu_clocks inside `speedrun bench`)
 #           [all.done]
+#   gluon   (written in the sixteenth session) the FP8 head's Gluon forward with the CE row sums
+#           (head_fwd_gluon_bench.py: variants, CE with and without row sums, both paths end to end); the
+#           GPU tests of the head, the CE kernel and the Gluon head; A/B/A/B benches of model.head_kernel
+#           cublas against gluon on one shared compiler cache [all.done]
+#   final   (sixteenth session, after head_kernel=auto became the default) the strict cold start of the
+#           default; the Gluon head's GPU tests; benches of the default and of head_kernel=cublas on one
+#           shared compiler cache [all.done]
 #   stage   keep the carried proxy shards in /tmp/proxy-keep (the tree and all four shards exceed one
 #           call's carry)
 #   full    restore the kept shards; two proxy212 runs of the default (their summaries now carry the GPU
@@ -28,8 +35,32 @@ case "${1:-}" in
       echo "$(date +%T) clock GPU test: $(tail -1 "$RES/gpu-tests-clocks.log")"
       ab default
       touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
+  gluon)
+    queue_start
+    ( clocks_log clocks.csv
+      export CUDA_VISIBLE_DEVICES=0
+      (cd scripts/device && timeout 300 python3 head_fwd_gluon_bench.py "$RES/head-gluon.json") \
+        > "$RES/head-gluon.log" 2>&1
+      echo "$(date +%T) head Gluon bench: exit $? | $(tail -3 "$RES/head-gluon.log" | tr '\n' ' ')"
+      env -u PYTHONPYCACHEPREFIX timeout 420 python3 -m pytest -m gpu -q -s tests/test_head_gluon.py tests/test_head.py \
+        tests/test_softcap_ce.py > "$RES/gpu-tests-head.log" 2>&1
+      echo "$(date +%T) GPU tests (head): $(tail -1 "$RES/gpu-tests-head.log")"
+      for round in 1 2; do
+        AB_CACHE=ab-head ab_shared "cublas$round" --set model.head_kernel=cublas
+        AB_CACHE=ab-head ab_shared "gluon$round" --set model.head_kernel=gluon
+      done
+      touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
+  final)
+    queue_start
+    ( verify_prelude
+      env -u PYTHONPYCACHEPREFIX timeout 200 python3 -m pytest -m gpu -q -s tests/test_head_gluon.py \
+        > "$RES/gpu-tests-head-final.log" 2>&1
+      echo "$(date +%T) GPU tests (Gluon head): $(tail -1 "$RES/gpu-tests-head-final.log")"
+      AB_CACHE=ab-final ab_shared default
+      AB_CACHE=ab-final ab_shared cublas --set model.head_kernel=cublas
+      touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
   stage) stage_proxy ;;
   full) full_pair ;;
   wait) follow_and_collect "${2:-560}" "$RES/${3:-all}.done" "$RES/${4:-q.log}"; exit $? ;;
-  *) echo "usage: $0 verify | stage | full | wait SECONDS [DONE-NAME [LOG]]" >&2; exit 2 ;;
+  *) echo "usage: $0 verify | gluon | final | stage | full | wait SECONDS [DONE-NAME [LOG]]" >&2; exit 2 ;;
 esac

@@ -63,6 +63,13 @@ class ModelConfig:
     # the fourteenth session: 4.02 -> 3.29 ms a micro-step's call on an H200). The torch reference
     # ignores it.
     ce_math: str = "lean"
+    # The FP8 head's forward product (head.py): "cublas" (torch._scaled_mm, then the CE kernel's two passes)
+    # | "gluon" (head_gluon.py's warp-specialised kernel, the same bits as cuBLAS, with the lean CE kernel's
+    # row sums in its epilogue so that the CE kernel reads z once; a capability-9.0 GPU, else cuBLAS with a
+    # warning) | "auto" (gluon where it can run, silently cuBLAS elsewhere; the default since the sixteenth
+    # session: 599.4 -> 595.0 / 595.9 ms/step in full runs on one H200, docs/benchmarks.md). An
+    # implementation choice: the same products and the same loss up to the order of float32 additions.
+    head_kernel: str = "auto"
     # The attention's inputs (QK RMS-norm + rotary, value mixing; attn_inputs.py): "torch" (the model's
     # operations, compiled by Inductor) | "triton" (one kernel launch each way for q, k and v, the
     # projection's whole gradient written in place) | "auto" (triton on CUDA when installed). Same math as
@@ -382,6 +389,8 @@ def validate(cfg: RunConfig, world_size: int = 1) -> None:
          f"must be torch, triton or auto, got {m.ce_kernel!r}"),
         (m.ce_math in ("precise", "tanh_approx", "lean"), "model.ce_math",
          f"must be precise, tanh_approx or lean, got {m.ce_math!r}"),
+        (m.head_kernel in ("cublas", "gluon", "auto"), "model.head_kernel",
+         f"must be cublas, gluon or auto, got {m.head_kernel!r}"),
         (m.qk_kernel in ("torch", "triton", "auto"), "model.qk_kernel",
          f"must be torch, triton or auto, got {m.qk_kernel!r}"),
         (m.mlp_kernel in ("torch", "triton", "auto"), "model.mlp_kernel",

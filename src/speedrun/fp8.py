@@ -36,9 +36,13 @@ def _scale(t: Tensor, s: float) -> Tensor:
     return torch.full((), s, dtype=torch.float32, device=t.device)
 
 
+def quantize(x: Tensor, w: Tensor, x_s: float, w_s: float) -> tuple[Tensor, Tensor]:
+    """The product's FP8 operands: x / x_s and w / w_s in float8_e4m3fn."""
+    return x.div(x_s).to(torch.float8_e4m3fn), w.div(w_s).to(torch.float8_e4m3fn)
+
+
 def _forward_impl(x: Tensor, w: Tensor, x_s: float, w_s: float) -> tuple[Tensor, Tensor, Tensor]:
-    x_f8 = x.div(x_s).to(torch.float8_e4m3fn)
-    w_f8 = w.div(w_s).to(torch.float8_e4m3fn)
+    x_f8, w_f8 = quantize(x, w, x_s, w_s)
     out = torch._scaled_mm(
         x_f8, w_f8.T, out_dtype=torch.bfloat16,
         scale_a=_scale(x, x_s), scale_b=_scale(x, w_s), use_fast_accum=True,

@@ -23,16 +23,20 @@ roundings of dL/dz * g before it.
 
 `head_loss` picks the path: the fused op when `use_fp8` and the CE kernel
 resolves to "triton"; otherwise the two ops (each with its own reference).
+Inside the fused op, `head_kernel` picks the forward product: cuBLAS's, or on
+a Hopper GPU `head_gluon`'s, which gives the same z and also writes the lean
+CE kernel's row sums, so that the CE kernel makes one pass over z, not two.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 from torch import Tensor
 
-from speedrun import fp8, softcap_ce, transpose
+from speedrun import fp8, head_gluon, softcap_ce, transpose
 
 
 def fused_available(use_fp8: bool, x: Tensor, ce_impl: str) -> bool:
@@ -46,9 +50,10 @@ def x_scale(dim: int) -> float:
 
 
 def head_loss(x: Tensor, w: Tensor, targets: Tensor, cap: float, form: str, ce_impl: str, use_fp8: bool,
-              ce_math: str = "precise") -> Tensor:
+              ce_math: str = "precise", head_kernel: str = "cublas") -> Tensor:
     """sum over tokens of CE(softcap(x @ w^T), targets), a float32 scalar; x (..., K), w (M, K);
-    ce_math: the CE kernel's sigmoid (`softcap_ce.MATHS`)."""
+    ce_math: the CE kernel's sigmoid (`softcap_ce.MATHS`); head_kernel: the fused op's forward product
+    ("cublas", "gluon" or "auto": `use_gluon`)."""
     if not fused_available(use_fp8, x, ce_impl):
         z = fp8.head_matmul(x, w, use_fp8)
         return softcap_ce.softcap_cross_entropy(z, targets, cap, form, ce_impl, ce_math)
@@ -59,22 +64,54 @@ def head_loss(x: Tensor, w: Tensor, targets: Tensor, cap: float, form: str, ce_i
     want_grad = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)
     return torch.ops.speedrun.fp8_softcap_ce(
         flat, w.contiguous(), targets.reshape(-1), float(cap), form, x_s, fp8.W_SCALE, fp8.GRAD_SCALE, want_grad,
-        ce_math)[0]
+        ce_math, head_kernel)[0]
+
+
+def use_gluon(x: Tensor, w: Tensor, head_kernel: str) -> bool:
+    """The Gluon forward (`head_gluon`) for these operands: asked for ("gluon" or "auto"), a
+    capability-9.0 GPU (its wgmma is Hopper's alone), shapes TMA can describe, Gluon importable."""
+    if head_kernel not in ("gluon", "auto") or not x.is_cuda:
+        return False
+    if not head_gluon.supports(x.shape[-1], w.shape[0]):
+        return False
+    index = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    return torch.cuda.get_device_capability(index) == (9, 0) and head_gluon.available()
+
+
+def _forward(x: Tensor, w: Tensor, cap: float, form: str, x_s: float, w_s: float, grad_mul: float, ce_math: str,
+             head_kernel: str) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """z, the FP8 operands, and the CE kernel's row sums where the Gluon kernel wrote them (None: the
+    CE kernel makes its own first pass). cuBLAS's product where the Gluon kernel is not used or fails."""
+    if use_gluon(x, w, head_kernel):
+        x_f8, w_f8 = fp8._compiled(fp8.quantize, x)(x, w, x_s, w_s)
+        z = x.new_empty((x.shape[0], w.shape[0]), dtype=torch.bfloat16)
+        rowsums = None
+        if softcap_ce.lean_applies(form, cap, ce_math, grad_mul):
+            rowsums = x.new_empty((x.shape[0], head_gluon.rowsum_tiles(w.shape[0])), dtype=torch.float32)
+        scale = fp8._scale(x, x_s) * fp8._scale(x, w_s)  # float32, as cuBLAS's scale_a * scale_b
+        if head_gluon.try_launch(x_f8, w_f8, scale, z, rowsums, cap):
+            return z, x_f8, w_f8, rowsums
+    elif head_kernel == "gluon" and x.is_cuda:
+        warnings.warn("head_kernel 'gluon' needs a capability-9.0 GPU, Triton's Gluon and K % 16 == 0, "
+                      "N % 8 == 0; using cuBLAS", RuntimeWarning, stacklevel=2)
+    z, x_f8, w_f8 = fp8._compiled(fp8._forward_impl, x)(x, w, x_s, w_s)
+    return z, x_f8, w_f8, None
 
 
 @torch.library.custom_op("speedrun::fp8_softcap_ce", mutates_args=())
 def fp8_softcap_ce(
     x: Tensor, w: Tensor, targets: Tensor, cap: float, form: str, x_s: float, w_s: float, grad_s: float,
-    want_grad: bool, ce_math: str = "precise") -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    want_grad: bool, ce_math: str = "precise", head_kernel: str = "cublas") -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The summed loss (0-d float32), dL/dz / grad_s (N, M) in float8_e5m2 ((0,) without want_grad),
     and the FP8 operands of the product."""
-    z, x_f8, w_f8 = fp8._compiled(fp8._forward_impl, x)(x, w, x_s, w_s)
-    losses, g_f8 = softcap_ce.launch(z, targets, cap, form, want_grad, torch.float8_e5m2, 1.0 / grad_s, ce_math)
+    z, x_f8, w_f8, rowsums = _forward(x, w, cap, form, x_s, w_s, 1.0 / grad_s, ce_math, head_kernel)
+    losses, g_f8 = softcap_ce.launch(z, targets, cap, form, want_grad, torch.float8_e5m2, 1.0 / grad_s, ce_math,
+                                     rowsums)
     return losses.sum(), g_f8, x_f8, w_f8
 
 
 @fp8_softcap_ce.register_fake
-def _(x, w, targets, cap, form, x_s, w_s, grad_s, want_grad, ce_math="precise"):
+def _(x, w, targets, cap, form, x_s, w_s, grad_s, want_grad, ce_math="precise", head_kernel="cublas"):
     N, M = x.shape[0], w.shape[0]
     loss = x.new_empty((), dtype=torch.float32)
     g_f8 = x.new_empty((N, M) if want_grad else (0,), dtype=torch.float8_e5m2)
@@ -94,7 +131,7 @@ def _backward(ctx, g_loss, *_):
         raise RuntimeError("fp8_softcap_ce: the forward ran without a gradient (no grad mode or no input required grad)")
     g_f8, x_f8, w_f8 = ctx.saved_tensors
     grad_x, grad_w = torch.ops.speedrun.fp8_mm_backward_prequantized(g_f8, g_loss, x_f8, w_f8, *ctx.scales)
-    return grad_x, grad_w, None, None, None, None, None, None, None, None
+    return (grad_x, grad_w) + (None,) * 9  # targets ... head_kernel
 
 
 fp8_softcap_ce.register_autograd(_backward, setup_context=_setup_context)

@@ -118,7 +118,7 @@ def warm_head(model, cfg, device: torch.device) -> None:
     with torch.no_grad():  # as inside the compiled step: plain tensors, no autograd
         _, grad, x_f8, w_f8 = torch.ops.speedrun.fp8_softcap_ce(
             x, w.contiguous(), targets, float(cfg.model.logit_softcap), form,
-            head.x_scale(x.shape[-1]), fp8.W_SCALE, fp8.GRAD_SCALE, True, cfg.model.ce_math)
+            head.x_scale(x.shape[-1]), fp8.W_SCALE, fp8.GRAD_SCALE, True, cfg.model.ce_math, cfg.model.head_kernel)
         upstream = torch.full((), 1.0 / cfg.train.batch_seqs, device=device)
         scales = (head.x_scale(x.shape[-1]), fp8.W_SCALE, fp8.GRAD_SCALE)
         torch.ops.speedrun.fp8_mm_backward_prequantized(grad, upstream, x_f8, w_f8, *scales)

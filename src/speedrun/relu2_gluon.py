@@ -162,7 +162,7 @@ def _build():
         """The consumers: async wgmma per k-step (one in flight) with the ring's loads issued STAGES-1
         steps ahead (across tile boundaries), then bf16(acc), or bf16(acc * scale) with SCALED (a 0-d
         float32 at scale_ptr, read once), into the epilogue buffer. Operands of 16 or 8 bits (the FP8
-        head's candidate in scripts/device/head_fwd_gluon_bench.py uses this partition too)."""
+        head's forward, `speedrun.head_gluon`, uses this partition too)."""
         BM: gl.constexpr = e_buf.shape[0]
         BN: gl.constexpr = e_buf.shape[1]
         BK: gl.constexpr = a_bufs.shape[2]

@@ -149,7 +149,7 @@ triton = None  # set by _build_kernel on first use
 tl = None
 _KERNEL = None
 _softcap_jit = _softcap_ce_kernel = None
-_rcp = _exp2_poly = _exp2 = _sigmoid_pair = _softcap_ce_lean_kernel = None
+_rcp = _exp2_poly = _exp2 = _sigmoid_pair = _row_sum_pass = _softcap_ce_lean_kernel = None
 _P1 = _P2 = _P3 = _P4 = _P5 = None  # EXP2_POLY as Triton constexprs, set with the kernels
 _FORM_CODE = {"none": 0, "sigmoid": 1, "tanh": 2}
 
@@ -262,7 +262,7 @@ EXP2_POLY = (0.6931470036506653, 0.24022242426872253, 0.05550733581185341, 0.009
 
 def _define_lean_kernel():
     """The "lean" kernel (the record's sigmoid form, static shift); bound as module globals like the others."""
-    global _rcp, _exp2_poly, _exp2, _sigmoid_pair, _softcap_ce_lean_kernel, _P1, _P2, _P3, _P4, _P5
+    global _rcp, _exp2_poly, _exp2, _sigmoid_pair, _row_sum_pass, _softcap_ce_lean_kernel, _P1, _P2, _P3, _P4, _P5
     _P1, _P2, _P3, _P4, _P5 = (tl.constexpr(c) for c in EXP2_POLY)  # kernels read constexpr globals only
 
     @triton.jit
@@ -305,22 +305,12 @@ def _define_lean_kernel():
         return db * r, da * r
 
     @triton.jit
-    def _softcap_ce_lean_kernel(Z, T, LOSS, GRAD, stride_z, stride_g, cap, inv_scale, grad_mul,
-                                V: tl.constexpr, IGNORE: tl.constexpr, WRITE_GRAD: tl.constexpr,
-                                BLOCK_V: tl.constexpr, POLY: tl.constexpr, FAST: tl.constexpr):
-        """`_softcap_ce_kernel`'s function for c * sigmoid(z / 7.5) with the shift m = c (STATIC_MAX), each
-        block of BLOCK_V columns as two halves (a, b) that share reciprocals. Columns below V_FULL are
-        read unmasked; the last partial block is masked."""
+    def _row_sum_pass(z_row, cols, k, cap2, V: tl.constexpr, BLOCK_V: tl.constexpr, POLY: tl.constexpr,
+                      FAST: tl.constexpr):
+        """The lean kernel's pass 1: log2 of the row's sum of 2^(s2 - cap2), plus cap2 (s <= cap, so no
+        running max); each block of BLOCK_V columns as two halves (a, b) sharing reciprocals."""
         HALF: tl.constexpr = BLOCK_V // 2
         V_FULL: tl.constexpr = (V // BLOCK_V) * BLOCK_V
-        row = tl.program_id(0).to(tl.int64)
-        z_row = Z + row * stride_z
-        cols = tl.arange(0, HALF)
-        t = tl.load(T + row).to(tl.int32)
-        cap2 = cap * 1.4426950408889634  # everything in base-2 units: s2 = s * log2(e)
-        k = -1.4426950408889634 * inv_scale
-
-        # pass 1: sum of 2^(s2 - cap2) per lane (s <= cap, so no running max)
         acc_a = tl.zeros((HALF,), tl.float32)
         acc_b = tl.zeros((HALF,), tl.float32)
         for v0 in range(0, V_FULL, BLOCK_V):
@@ -334,7 +324,32 @@ def _define_lean_kernel():
                                    tl.load(z_row + ib, mask=ib < V, other=0.0).to(tl.float32), k, FAST)
             acc_a += tl.where(ia < V, tl.exp2(cap2 * sa - cap2), 0.0)
             acc_b += tl.where(ib < V, tl.exp2(cap2 * sb - cap2), 0.0)
-        lse2 = cap2 + tl.log2(tl.sum(acc_a, axis=0) + tl.sum(acc_b, axis=0))
+        return cap2 + tl.log2(tl.sum(acc_a, axis=0) + tl.sum(acc_b, axis=0))
+
+    @triton.jit
+    def _softcap_ce_lean_kernel(Z, T, LOSS, GRAD, RS, stride_z, stride_g, cap, inv_scale, grad_mul, rs_cols,
+                                V: tl.constexpr, IGNORE: tl.constexpr, WRITE_GRAD: tl.constexpr,
+                                BLOCK_V: tl.constexpr, POLY: tl.constexpr, FAST: tl.constexpr,
+                                ROWSUMS: tl.constexpr, RS_BLOCK: tl.constexpr):
+        """`_softcap_ce_kernel`'s function for c * sigmoid(z / 7.5) with the shift m = c (STATIC_MAX), each
+        block of BLOCK_V columns as two halves (a, b) that share reciprocals. Columns below V_FULL are
+        read unmasked; the last partial block is masked. ROWSUMS: pass 1's sum is the sum of the row's
+        rs_cols partial sums at RS (the FP8 head's Gluon epilogue wrote them), and z is read once."""
+        HALF: tl.constexpr = BLOCK_V // 2
+        V_FULL: tl.constexpr = (V // BLOCK_V) * BLOCK_V
+        row = tl.program_id(0).to(tl.int64)
+        z_row = Z + row * stride_z
+        cols = tl.arange(0, HALF)
+        t = tl.load(T + row).to(tl.int32)
+        cap2 = cap * 1.4426950408889634  # everything in base-2 units: s2 = s * log2(e)
+        k = -1.4426950408889634 * inv_scale
+
+        # pass 1: sum of 2^(s2 - cap2) per lane (s <= cap, so no running max), or its partial sums
+        if ROWSUMS:
+            rs = tl.arange(0, RS_BLOCK)
+            lse2 = cap2 + tl.log2(tl.sum(tl.load(RS + row * rs_cols + rs, mask=rs < rs_cols, other=0.0), axis=0))
+        else:
+            lse2 = _row_sum_pass(z_row, cols, k, cap2, V, BLOCK_V, POLY, FAST)
 
         ignored = t == IGNORE
         t_safe = tl.where(ignored, 0, t)
@@ -373,16 +388,28 @@ def _define_lean_kernel():
                 tl.store(g_row + t_safe, g_t.to(GRAD.dtype.element_ty), mask=(t_safe >= 0) & (t_safe < V))
 
 
+def lean_applies(form: str, cap: float, math: str, grad_mul: float = 1.0) -> bool:
+    """Does `launch` run the lean kernel (the record's sigmoid form with its static shift) for these?"""
+    return math == "lean" and form == "sigmoid" and 0 < cap <= 80 and grad_mul > 0
+
+
 def launch(z: Tensor, targets: Tensor, cap: float, form: str, want_grad: bool,
-           grad_dtype: torch.dtype | None = None, grad_mul: float = 1.0, math: str = "precise") -> tuple[Tensor, Tensor]:
+           grad_dtype: torch.dtype | None = None, grad_mul: float = 1.0, math: str = "precise",
+           rowsums: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Per-row losses (N,) float32 and dL_i/dz * grad_mul in `grad_dtype` (z's dtype by default;
     the fused FP8 head asks for float8_e5m2 and 1 / the gradient's scale); (0,) without want_grad.
-    math: "precise" or "tanh_approx" (MATHS above)."""
+    math: MATHS above. rowsums: (N, tiles) float32 partial sums of the lean kernel's first pass
+    (`head_gluon.launch` writes them with z), which then only reads them; lean math only."""
     kernel = _build_kernel()
     if math not in MATHS:
         raise ValueError(f"softcap_ce math must be one of {MATHS}, got {math!r}")
     if math == "tanh_approx" and z.device.type != "cuda":
         raise ValueError("softcap_ce math 'tanh_approx' is a CUDA instruction; Triton's interpreter cannot run it")
+    lean = lean_applies(form, cap, math, grad_mul)
+    if rowsums is not None and not (lean and rowsums.dim() == 2 and rowsums.shape[0] == z.shape[0]
+                                    and rowsums.dtype == torch.float32 and rowsums.is_contiguous()):
+        raise ValueError("softcap_ce rowsums need the lean kernel (math 'lean', the sigmoid form, 0 < cap <= 80) "
+                         "and a contiguous float32 (N, tiles) tensor")
     if z.stride(-1) != 1:
         z = z.contiguous()
     targets = targets.contiguous()
@@ -395,17 +422,25 @@ def launch(z: Tensor, targets: Tensor, cap: float, form: str, want_grad: bool,
     if not N:
         return losses, grad
     cfg = KERNEL_CONFIG
-    args = (z, targets, losses, grad, z.stride(0), V if want_grad else 0, float(cap), inv_scale, float(grad_mul))
-    if math == "lean" and form == "sigmoid" and static_max and grad_mul > 0:
-        lean = LEAN_CONFIG
-        _softcap_ce_lean_kernel[(N,)](*args, V=V, IGNORE=IGNORE_INDEX, WRITE_GRAD=want_grad,
-                                      BLOCK_V=lean["BLOCK_V"], POLY=lean["POLY"],
-                                      FAST=z.device.type == "cuda", num_warps=lean["num_warps"])
+    stride_g = V if want_grad else 0
+    if lean:
+        rs_cols = rowsums.shape[1] if rowsums is not None else 0
+        _softcap_ce_lean_kernel[(N,)](z, targets, losses, grad, losses if rowsums is None else rowsums, z.stride(0),
+                                      stride_g, float(cap), inv_scale, float(grad_mul), rs_cols, V=V,
+                                      IGNORE=IGNORE_INDEX, WRITE_GRAD=want_grad, BLOCK_V=LEAN_CONFIG["BLOCK_V"],
+                                      POLY=LEAN_CONFIG["POLY"], FAST=z.device.type == "cuda",
+                                      ROWSUMS=rowsums is not None, RS_BLOCK=max(16, _next_pow2(rs_cols)),
+                                      num_warps=LEAN_CONFIG["num_warps"])
         return losses, grad
-    kernel[(N,)](*args, V=V, FORM=_FORM_CODE[form], STATIC_MAX=static_max, IGNORE=IGNORE_INDEX,
+    kernel[(N,)](z, targets, losses, grad, z.stride(0), stride_g, float(cap), inv_scale, float(grad_mul), V=V,
+                 FORM=_FORM_CODE[form], STATIC_MAX=static_max, IGNORE=IGNORE_INDEX,
                  WRITE_GRAD=want_grad, BLOCK_V=cfg["BLOCK_V"], MATH=MATHS.index(math) if math != "lean" else 0,
                  num_warps=cfg["num_warps"])
     return losses, grad
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
 
 
 @torch.library.custom_op("speedrun::softcap_ce", mutates_args=())

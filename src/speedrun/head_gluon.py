@@ -1,0 +1,321 @@
+"""The FP8 head's forward product as a warp-specialised Hopper kernel in Gluon, optionally with the
+soft-capped cross-entropy's row sums in its epilogue.
+
+    z = bf16((x_f8 @ w_f8.T) * scale)   x_f8 (M, K), w_f8 (N, K) float8_e4m3fn; scale a float32 tensor
+
+is what `torch._scaled_mm(..., use_fast_accum=True)` computes for `fp8._forward_impl`; this kernel
+gives the same bits (measured at the record's shape, docs/benchmarks.md, sixteenth session).
+
+Why: at the record's shape (M = 49,152, K = 768, N = 50,304) cuBLAS takes ~3.58 ms on an H200 where
+its backward products of the same FLOPs, with small outputs, take ~2.7: the 4.9 GB bf16 store of z
+is not overlapped with the tensor-core work. This kernel is `speedrun.relu2_gluon`'s persistent
+warp-specialised design with e4m3 operands (read that docstring for the barriers and phases): two
+consumer warpgroups run the wgmma tiles (128 x 256, 128-wide k-steps) and hand bf16(acc * scale) to a
+shared-memory buffer; a 4-warp epilogue partition TMA-stores it while they compute the next tile.
+
+The row sums (ROWSUM): the CE kernel's first pass (`softcap_ce._softcap_ce_lean_kernel`) sums, per
+row, 2^(c log2e (s - 1)) with s = sigmoid(z / 7.5) over the whole vocabulary; the record's soft cap
+bounds s, so the sum needs no running max and splits into independent per-tile sums. With ROWSUM the
+epilogue partition computes those sums for its tile from the bf16 z still in shared memory (the bits
+the CE kernel would load), with the lean kernel's per-element math (one reciprocal for two
+sigmoids, a share of the exponentials by the same FMA polynomial), and writes one float32 per row and
+column tile into `rowsums` (M, cdiv(N, 256)). The CE kernel then skips its first pass and a whole read
+of z (`softcap_ce.launch(..., rowsums=...)`). The epilogue's special-function and FMA work runs
+on warps that do no tensor-core work. Padded columns beyond N (zero-filled operands) are masked out
+of the last tile's sums; rows beyond M are not written.
+
+Triton is imported on first use (`_build`); importing this module needs only torch.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import Tensor
+
+from speedrun import relu2_gluon
+from speedrun.softcap_ce import EXP2_POLY, SIGMOID_TEMPERATURE
+
+# MAXNREG: registers a thread at launch (12 warps x 32 x 168 <= 65,536); EPI_REGS: the epilogue warpgroup's
+# after setmaxnreg (152-168 spill). GROUP_M: row blocks walked together (L2 reuse of x's rows). BLOCK_K 128 =
+# one 128-byte fp8 row, the 128-byte swizzle. POLY: 1 takes the b columns' softmax exponentials by the FMA
+# polynomial (fewer special-function operations, more instructions). Measured on H200s at the record's shape
+# (sixteenth session, docs/benchmarks.md), z alone: GROUP_M 8 3,888 us, 32 3,486 (cuBLAS 3,580); SUB_N 128
+# 3,824; EPI_REGS 40 3,663; BLOCK_K 64 with 6 stages 4,545. With the row sums (machine B, z alone 3,472,
+# cuBLAS 3,733): POLY 1 5,216 us, POLY 0 4,486; with POLY 1, GROUP_M 16 5,141, 32 5,216, 64 5,248. Machine C
+# (z alone 3,327, cuBLAS 3,580), POLY 0: GROUP_M 32 4,687, 16 4,514.
+CONFIG = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "SUB_N": 64, "GROUP_M": 16, "STAGES": 3,
+          "EPI_WARPS": 4, "EPI_REGS": 128, "MAXNREG": 168, "STORE": True, "POLY": 0}
+NUM_WARPS = 8  # the consumer (default) partition: two warpgroups
+
+_KERNEL = None
+gluon = gl = tma = mbarrier = None
+_tile_origin = _shared_state = _mma_partition = None
+_rcp_approx = _exp2_poly = _tile_rowsum = _epilogue = None
+_Q1 = _Q2 = _Q3 = _Q4 = _Q5 = None  # EXP2_POLY as Gluon constexprs, set with the kernel
+
+
+def config(cfg: dict | None = None) -> dict:
+    """CONFIG with `cfg`'s entries over it."""
+    return {**CONFIG, **(cfg or {})}
+
+
+def rowsum_tiles(n: int, cfg: dict | None = None) -> int:
+    """Columns of the row-sum partials for a vocabulary of n: one per BLOCK_N-wide tile."""
+    bn = config(cfg)["BLOCK_N"]
+    return -(-n // bn)
+
+
+def supports(k: int, n: int) -> bool:
+    """Can TMA describe the operands: 16-byte rows of x_f8 and w_f8 (K % 16) and of z (N % 8)?"""
+    return k % 16 == 0 and n % 8 == 0 and k > 0 and n > 0
+
+
+def available() -> bool:
+    """Whether Triton's Gluon with its Hopper support imports and the kernel defines here."""
+    try:
+        _build()
+    except Exception:  # noqa: BLE001 - any import or definition failure means "not here"
+        return False
+    return True
+
+
+def _build():
+    """Define the kernel (once). The tile order, the TMA ring's loads (B as (N, K)), the shared state
+    and the consumer partition (SCALED: bf16(acc * scale)) are `relu2_gluon`'s and resolve their names
+    in its globals; the jit functions below find theirs in this module's."""
+    global _KERNEL, gluon, gl, tma, mbarrier, _tile_origin, _shared_state, _mma_partition
+    global _rcp_approx, _exp2_poly, _tile_rowsum, _epilogue, _Q1, _Q2, _Q3, _Q4, _Q5
+    if _KERNEL is not None:
+        return _KERNEL
+    relu2_gluon._build()
+    gluon, gl, tma, mbarrier = relu2_gluon.gluon, relu2_gluon.gl, relu2_gluon.tma, relu2_gluon.mbarrier
+    _tile_origin, _shared_state, _mma_partition = (relu2_gluon._tile_origin, relu2_gluon._shared_state,
+                                                   relu2_gluon._mma_partition)
+    _Q1, _Q2, _Q3, _Q4, _Q5 = (gl.constexpr(c) for c in EXP2_POLY)
+
+    @gluon.jit
+    def _rcp_approx(x):
+        """1 / x by the hardware's approximate reciprocal (1 ulp), as the lean CE kernel on CUDA."""
+        return gl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=gl.float32,
+                                         is_pure=True, pack=1)
+
+    @gluon.jit
+    def _exp2_poly(x):
+        """2^x on the FMA units: softcap_ce's `_exp2_poly`, the same operations in the same order."""
+        t = x + 12582912.0
+        f = x - (t - 12582912.0)
+        p = f * _Q5 + _Q4
+        p = p * f + _Q3
+        p = p * f + _Q2
+        p = p * f + _Q1
+        p = p * f + 1.0
+        bits = p.to(gl.int32, bitcast=True) + (t.to(gl.int32, bitcast=True) << 23)
+        return bits.to(gl.float32, bitcast=True)
+
+    @gluon.jit
+    def _tile_rowsum(e_buf, off_n, N, cap2, k, MASKED: gl.constexpr, POLY: gl.constexpr,
+                     EPI_WARPS: gl.constexpr):
+        """Per row of the buffer's bf16 tile: the sum of 2^(cap2 s - cap2), s = sigmoid(z / 7.5) (k = -log2e /
+        7.5), the lean CE kernel's first-pass terms. Each 64-column slice is loaded once and split into its
+        even (a) and odd (b) columns, a pair sharing one reciprocal; the b exponentials take the polynomial
+        when POLY >= 1. MASKED: columns at or past N add 0."""
+        BM: gl.constexpr = e_buf.shape[0]
+        BN: gl.constexpr = e_buf.shape[1]
+        SUB: gl.constexpr = 64
+        layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [EPI_WARPS, 1], [1, 0])
+        for j in gl.static_range(BN // SUB):
+            z = e_buf.slice(j * SUB, SUB, 1).load(layout).to(gl.float32)
+            za, zb = gl.split(gl.reshape(z, [BM, SUB // 2, 2]))
+            da = 1.0 + gl.exp2(gl.minimum(za * k, 63.0))
+            db = 1.0 + gl.exp2(gl.minimum(zb * k, 63.0))
+            r = _rcp_approx(da * db)
+            ea = gl.exp2(cap2 * (db * r) - cap2)
+            if POLY >= 1:
+                eb = _exp2_poly(cap2 * (da * r) - cap2)
+            else:
+                eb = gl.exp2(cap2 * (da * r) - cap2)
+            if MASKED:
+                cols = off_n + j * SUB + gl.arange(0, SUB, layout=gl.SliceLayout(0, layout))
+                ok_a, ok_b = gl.split(gl.reshape(gl.zeros([BM, SUB], gl.int32, layout) + cols[None, :], [BM, SUB // 2, 2]))
+                ea = gl.where(ok_a < N, ea, 0.0)
+                eb = gl.where(ok_b < N, eb, 0.0)
+            if j == 0:
+                acc = ea + eb
+            else:
+                acc += ea + eb
+        return gl.sum(acc, axis=1)
+
+    @gluon.jit
+    def _epilogue(out_desc, e_buf, acc_ready, acc_free, rowsum_ptr, M, N, cap, inv_scale, GROUP_M: gl.constexpr,
+                  STORE: gl.constexpr, ROWSUM: gl.constexpr, POLY: gl.constexpr,
+                  EPI_WARPS: gl.constexpr):
+        """Per tile: TMA-store the buffer in SUB-wide column slices (none wholly right of N; TMA clips the
+        rest), with ROWSUM the tile's row sums (`_tile_rowsum`) into rowsum_ptr[row, tile column], then
+        hand the buffer back once the bulk copies have read it."""
+        BM: gl.constexpr = e_buf.shape[0]
+        BN: gl.constexpr = e_buf.shape[1]
+        SUB: gl.constexpr = out_desc.block_type.shape[1]
+        row_layout: gl.constexpr = gl.BlockedLayout([1], [32], [EPI_WARPS], [0])
+        cap2 = cap * 1.4426950408889634  # as the lean CE kernel: base-2 units
+        k = -1.4426950408889634 * inv_scale
+        n_tiles = gl.cdiv(N, BN)
+        t = 0
+        for tile in range(gl.program_id(0), gl.cdiv(M, BM) * n_tiles, gl.num_programs(0)):
+            off_m, off_n = _tile_origin(tile, M, N, BM, BN, GROUP_M)
+            mbarrier.wait(acc_ready, t & 1)
+            if STORE:
+                for j in gl.static_range(BN // SUB):
+                    if off_n + j * SUB < N:
+                        tma.async_copy_shared_to_global(out_desc, [off_m, off_n + j * SUB],
+                                                        e_buf.slice(j * SUB, SUB, 1))
+            if ROWSUM:
+                if off_n + BN <= N:
+                    sums = _tile_rowsum(e_buf, off_n, N, cap2, k, False, POLY, EPI_WARPS)
+                else:
+                    sums = _tile_rowsum(e_buf, off_n, N, cap2, k, True, POLY, EPI_WARPS)
+                rows = off_m + gl.arange(0, BM, layout=row_layout)
+                gl.store(rowsum_ptr + rows.to(gl.int64) * n_tiles + off_n // BN, gl.convert_layout(sums, row_layout),
+                         mask=rows < M)
+            if STORE:
+                tma.store_wait(0)  # every slice read out of shared memory: the buffer is free
+            mbarrier.arrive(acc_free)
+            t += 1
+
+    @gluon.jit
+    def _head_fwd_kernel(a_desc, b_desc, out_desc, scale_ptr, rowsum_ptr, M, N, K, cap, inv_scale,
+                         GROUP_M: gl.constexpr, STAGES: gl.constexpr, EPI_WARPS: gl.constexpr,
+                         EPI_REGS: gl.constexpr, STORE: gl.constexpr, ROWSUM: gl.constexpr, POLY: gl.constexpr,
+                         num_warps: gl.constexpr):
+        """z = bf16((A @ B.T) * scale), A (M, K) and B (N, K) fp8 e4m3 (K-major), tile by tile, and with
+        ROWSUM the CE row sums. Persistent: grid <= tiles."""
+        a_bufs, b_bufs, e_buf, ready, acc_ready, acc_free = _shared_state(a_desc, b_desc, out_desc,
+                                                                          b_desc.block_type.shape[0], STAGES)
+        gl.warp_specialize([
+            (_mma_partition, (a_desc, b_desc, a_bufs, b_bufs, e_buf, ready, acc_ready, acc_free, scale_ptr, M, N, K,
+                              True, GROUP_M, True, num_warps)),
+            (_epilogue, (out_desc, e_buf, acc_ready, acc_free, rowsum_ptr, M, N, cap, inv_scale, GROUP_M, STORE,
+                         ROWSUM, POLY, EPI_WARPS)),
+        ], [EPI_WARPS], [EPI_REGS])
+
+    _KERNEL = _head_fwd_kernel
+    return _KERNEL
+
+
+def descriptor_layouts(cfg: dict):
+    """Shared-memory layouts of the A (BM x BK fp8), B (BN x BK fp8) and z-slice (BM x SUB_N bf16) blocks."""
+    _build()
+    bm, bn, bk, sub = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["SUB_N"]
+    a = gl.NVMMASharedLayout.get_default_for([bm, bk], gl.float8e4nv)
+    b = gl.NVMMASharedLayout.get_default_for([bn, bk], gl.float8e4nv)
+    c = gl.NVMMASharedLayout.get_default_for([bm, sub], gl.bfloat16)
+    return a, b, c
+
+
+def kernel_constexprs(cfg: dict, rowsum: bool) -> dict:
+    return {"GROUP_M": cfg["GROUP_M"], "STAGES": cfg["STAGES"], "EPI_WARPS": cfg["EPI_WARPS"],
+            "EPI_REGS": cfg["EPI_REGS"], "STORE": cfg["STORE"], "ROWSUM": rowsum, "POLY": cfg["POLY"]}
+
+
+def _check(x_f8: Tensor, w_f8: Tensor, scale: Tensor, out: Tensor, rowsums: Tensor | None, cfg: dict) -> None:
+    m, k = x_f8.shape
+    n = w_f8.shape[0]
+    if x_f8.dtype != torch.float8_e4m3fn or w_f8.dtype != torch.float8_e4m3fn or out.dtype != torch.bfloat16:
+        raise TypeError("head_gluon.launch: x_f8, w_f8 float8_e4m3fn and out bfloat16 expected")
+    if w_f8.shape[1] != k or tuple(out.shape) != (m, n) or k % 16 or n % 8:
+        raise ValueError(f"head_gluon.launch: shapes x {tuple(x_f8.shape)} w {tuple(w_f8.shape)} "
+                         f"out {tuple(out.shape)} (K % 16 == 0, N % 8 == 0 needed)")
+    if not (x_f8.is_contiguous() and w_f8.is_contiguous() and out.is_contiguous()):
+        raise ValueError("head_gluon.launch: contiguous operands expected")
+    if scale.numel() != 1 or scale.dtype != torch.float32:
+        raise ValueError("head_gluon.launch: scale must be a one-element float32 tensor")
+    want = (m, rowsum_tiles(n, cfg))
+    if rowsums is not None and (tuple(rowsums.shape) != want or rowsums.dtype != torch.float32
+                                or not rowsums.is_contiguous()):
+        raise ValueError(f"head_gluon.launch: rowsums must be a contiguous float32 {want}, got "
+                         f"{rowsums.dtype} {tuple(rowsums.shape)}")
+
+
+def launch(x_f8: Tensor, w_f8: Tensor, scale: Tensor, out: Tensor, rowsums: Tensor | None = None,
+           cap: float = 30.0, cfg: dict | None = None) -> Tensor:
+    """out = bf16((x_f8 @ w_f8.T) * scale); with `rowsums` ((M, rowsum_tiles(N)) float32) also the CE
+    kernel's row sums for the soft cap c * sigmoid(z / 7.5), c = cap (0 < cap <= 80, the lean kernel's
+    static shift). x_f8 (M, K), w_f8 (N, K) float8_e4m3fn, out (M, N) bfloat16, all contiguous on one
+    Hopper GPU; K a multiple of 16, N of 8 (TMA's 16-byte row strides); M any. cfg: CONFIG overrides."""
+    kernel = _build()
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    cfg = config(cfg)
+    _check(x_f8, w_f8, scale, out, rowsums, cfg)
+    m, n = out.shape
+    if not m:
+        return out
+    bm, bn, bk, sub = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["SUB_N"]
+    a_l, b_l, c_l = descriptor_layouts(cfg)
+    a_desc = TensorDescriptor.from_tensor(x_f8, [bm, bk], a_l)
+    b_desc = TensorDescriptor.from_tensor(w_f8, [bn, bk], b_l)
+    out_desc = TensorDescriptor.from_tensor(out, [bm, sub], c_l)
+    tiles = -(-m // bm) * -(-n // bn)
+    dev = x_f8.device.index if x_f8.device.index is not None else torch.cuda.current_device()
+    progs = min(tiles, relu2_gluon._sm_count(dev))
+    kernel[(progs,)](a_desc, b_desc, out_desc, scale, out if rowsums is None else rowsums, m, n, x_f8.shape[1],
+                     float(cap), 1.0 / SIGMOID_TEMPERATURE, **kernel_constexprs(cfg, rowsums is not None),
+                     num_warps=NUM_WARPS, maxnreg=cfg["MAXNREG"])
+    return out
+
+
+_FAILED: list[str] = []  # why the kernel could not be built in this process (empty: not yet failed)
+
+
+def try_launch(*args, **kwargs) -> bool:
+    """`launch`, or False (with one warning) when the kernel cannot be compiled here: Gluon is
+    experimental, and a Triton other than the 3.6 it was written on may reject it. The caller then
+    runs cuBLAS's product (and the CE kernel's own first pass). A failure is remembered."""
+    if _FAILED:
+        return False
+    try:
+        launch(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001 - any compile failure; CUDA errors resurface on the next op
+        _FAILED.append(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300])
+        warnings.warn(f"head_gluon: the Gluon head kernel failed here ({_FAILED[0]}); using cuBLAS",
+                      RuntimeWarning, stacklevel=2)
+        return False
+    return True
+
+
+def rowsums_reference(z: Tensor, cap: float, cfg: dict | None = None) -> Tensor:
+    """What `launch` writes into rowsums, in float64 from z's values: per row and BLOCK_N-wide column
+    tile, the sum of exp(cap (s - 1)) with s = sigmoid(z / 7.5) (= 2^(cap log2e (s - 1)))."""
+    bn = config(cfg)["BLOCK_N"]
+    m, n = z.shape
+    e = torch.exp(cap * (torch.sigmoid(z.double() / SIGMOID_TEMPERATURE) - 1.0))
+    e = torch.nn.functional.pad(e, (0, rowsum_tiles(n, cfg) * bn - n))
+    return e.view(m, -1, bn).sum(dim=2)
+
+
+# --------------------------------------------------------------------------- offline compile (no GPU)
+
+
+def compile_offline(cfg: dict | None = None, rowsum: bool = True):
+    """Compile for sm_90 without a GPU (Triton's bundled ptxas); the CompiledKernel. The launcher's
+    specialisations at the record's shape are assumed: M, N, K multiples of 16, aligned pointers."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    kernel = _build()
+    cfg = config(cfg)
+    a_l, b_l, c_l = descriptor_layouts(cfg)
+    bm, bn, bk, sub = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["SUB_N"]
+    consts = dict(kernel_constexprs(cfg, rowsum), num_warps=NUM_WARPS)
+    signature = {"a_desc": f"tensordesc<fp8e4nv[{bm}, {bk}],{a_l!r}>",
+                 "b_desc": f"tensordesc<fp8e4nv[{bn}, {bk}],{b_l!r}>",
+                 "out_desc": f"tensordesc<bf16[{bm}, {sub}],{c_l!r}>",
+                 "scale_ptr": "*fp32", "rowsum_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32",
+                 "cap": "fp32", "inv_scale": "fp32"}
+    signature.update({name: "constexpr" for name in consts})
+    attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]]
+             for n in ("scale_ptr", "rowsum_ptr", "M", "N", "K")}
+    return triton.compile(GluonASTSource(kernel, signature, consts, attrs), target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": NUM_WARPS, "maxnreg": cfg["MAXNREG"]})
