@@ -65,9 +65,31 @@ _INTERPRETED = textwrap.dedent(r'''
     le, ex, ew = run("fused", x, w, t, 1 / 8)
     out["compiled"] = dict(loss_rel=abs(got.item() * 8 - le.item()) / le.item(), gx_rel=rel(cx, ex), gw_rel=rel(cw, ew))
 
+    # ce_transposed: the CE writes the gradient in both layouts (lean math), the backward uses the transposed
+    # one instead of its own copy; compiled as the model runs it, against the same op without
+    def ft(x, w, t, transposed):
+        return head.head_loss(x, w, t, 30.0, "sigmoid", "triton", True, "lean", "auto", transposed) / 8
+    res = {}
+    for transposed in (False, True):
+        xc, wc = x.clone().requires_grad_(), w.clone().requires_grad_()
+        loss = torch.compile(ft, fullgraph=True)(xc, wc, t, transposed)
+        res[transposed] = (loss.detach(), *torch.autograd.grad(loss, (xc, wc)))
+    with torch.no_grad():
+        outs = torch.ops.speedrun.fp8_softcap_ce(x, w, t, 30.0, "sigmoid", 32**0.5 / 448, 2.0**-9, 1 / 448, True,
+                                                 "lean", "auto", True)
+        plain = torch.ops.speedrun.fp8_softcap_ce(x, w, t, 30.0, "sigmoid", 32**0.5 / 448, 2.0**-9, 1 / 448, True,
+                                                  "lean", "auto", False)
+    out["transposed"] = dict(
+        loss_equal=bool(torch.equal(res[False][0], res[True][0])), gx_rel=rel(res[True][1], res[False][1]),
+        gw_rel=rel(res[True][2], res[False][2]),
+        t_is_transpose=bool(torch.equal(outs[4].view(torch.uint8), outs[1].T.contiguous().view(torch.uint8))),
+        t_shape=list(outs[4].shape), plain_t_numel=plain[4].numel(),
+        bytes_differing=int((outs[1].view(torch.uint8) != plain[1].view(torch.uint8)).sum()), numel=outs[1].numel())
+
     # without grad: the loss only, no gradient buffer; backward of such a forward is refused
     with torch.no_grad():
-        loss, grad, _, _ = torch.ops.speedrun.fp8_softcap_ce(x, w, t, 30.0, "sigmoid", 32**0.5 / 448, 2.0**-9, 1 / 448, False)
+        loss, grad = torch.ops.speedrun.fp8_softcap_ce(x, w, t, 30.0, "sigmoid", 32**0.5 / 448, 2.0**-9, 1 / 448,
+                                                       False)[:2]
     out["nograd_grad_numel"] = grad.numel()
     out["nograd_loss_equal"] = bool(torch.isclose(loss, le, rtol=1e-6).item())
 
@@ -123,6 +145,16 @@ def test_fused_compiles_whole_and_without_grad(interpreted):
     c = interpreted["compiled"]
     assert c["loss_rel"] < 1e-6 and c["gx_rel"] < 1e-6 and c["gw_rel"] < 1e-6, c
     assert interpreted["nograd_grad_numel"] == 0 and interpreted["nograd_loss_equal"]
+
+
+def test_transposed_gradient_from_the_ce(interpreted):
+    """With ce_transposed the op's fifth output is its e5m2 gradient transposed, byte for byte, and the
+    backward through it gives what the transposed copy gives (the CE tiles pair reciprocals differently
+    from the row kernel, so a few bytes may round apart); without it, the fifth output is empty."""
+    r = interpreted["transposed"]
+    assert r["loss_equal"] and r["t_is_transpose"] and r["t_shape"] == [300, 40] and r["plain_t_numel"] == 0, r
+    assert r["bytes_differing"] <= 0.01 * r["numel"], r
+    assert r["gx_rel"] < 1e-2 and r["gw_rel"] < 1e-2, r
 
 
 def test_kernel_writes_the_e5m2_gradient(interpreted):

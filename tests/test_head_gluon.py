@@ -157,11 +157,34 @@ def test_gpu_fused_head_gluon_matches_cublas_path(cuda):
     assert abs(lg.item() - lc.item()) / lc.item() < 1e-6
     assert rel(gx, cx) < 1e-3 and rel(gw, cw) < 1e-3
     with torch.no_grad():
-        _, g8c, _, _ = torch.ops.speedrun.fp8_softcap_ce(x, w, t, 30.0, "sigmoid", head.x_scale(K), 2.0**-9, 1 / 448,
-                                                         True, "lean", "cublas")
-        _, g8g, _, _ = torch.ops.speedrun.fp8_softcap_ce(x, w, t, 30.0, "sigmoid", head.x_scale(K), 2.0**-9, 1 / 448,
-                                                         True, "lean", "gluon")
+        g8c = torch.ops.speedrun.fp8_softcap_ce(x, w, t, 30.0, "sigmoid", head.x_scale(K), 2.0**-9, 1 / 448,
+                                                True, "lean", "cublas")[1]
+        g8g = torch.ops.speedrun.fp8_softcap_ce(x, w, t, 30.0, "sigmoid", head.x_scale(K), 2.0**-9, 1 / 448,
+                                                True, "lean", "gluon")[1]
         differ = sum((g8c[i:i + 4096].view(torch.uint8) != g8g[i:i + 4096].view(torch.uint8)).sum().item()
                      for i in range(0, N, 4096))
     print("e5m2 gradient bytes differing:", differ / g8c.numel())
     assert differ / g8c.numel() < 1e-4
+
+
+def test_model_passes_its_head_settings(monkeypatch):
+    """model.head_kernel and model.ce_transposed travel from the config to head.head_loss."""
+    from speedrun import model as model_module
+    from speedrun.config import apply_overrides
+    from speedrun.presets import demo
+
+    seen = {}
+
+    def head_loss(x, w, targets, cap, form, ce_impl, use_fp8, ce_math, head_kernel, ce_transposed):
+        seen.update(head_kernel=head_kernel, ce_transposed=ce_transposed)
+        return x.float().sum() * 0.0
+
+    monkeypatch.setattr(model_module.head_ops, "head_loss", head_loss)
+    cfg = demo()
+    apply_overrides(cfg, ["model.num_layers=2", "model.value_embeds=1", "model.model_dim=64", "model.num_heads=2",
+                          "model.head_dim=32", "model.mlp_hidden=128", "model.long_layers=0", "model.vocab_size=500",
+                          "model.head_kernel=cublas", "model.ce_transposed=true"])
+    model = model_module.GPT(cfg.model, cfg.attention)
+    tok = torch.randint(0, 500, (128,))
+    model(tok, torch.roll(tok, -1), torch.tensor(2))
+    assert seen == {"head_kernel": "cublas", "ce_transposed": True}

@@ -201,8 +201,23 @@ _INTERPRETED = textwrap.dedent(r'''
         out["rowsums"].append(dict(N=N, V=V, tiles=rs.shape[1], loss_max_rel=((l1 - l0).abs() / l0.abs().clamp_min(1e-30)).max().item(),
                                    ignored_zero=bool(l1[N // 2] == 0), grad_max_abs=(g1.float() - g0.float()).abs().max().item(),
                                    grad_scale=g0.float().abs().max().item()))
+    # launch_transposed: the same losses (the row kernel is the lean kernel's first half), the gradient from
+    # tiles (rows, a partial last tile of rows and of columns, an ignored row) and its exact transpose
+    sc.TILE_CONFIG.update(BLOCK_M=16, BLOCK_V=64)
+    out["transposed"] = []
+    for seed, (N, V, use_rs) in enumerate([(37, 3001, True), (5, 700, False)]):
+        g = torch.Generator().manual_seed(200 + seed)
+        z = (torch.randn(N, V, generator=g) * 10).bfloat16()
+        t = torch.randint(0, V, (N,), generator=g)
+        t[N // 2], t[0] = sc.IGNORE_INDEX, V - 1
+        rs = head_gluon.rowsums_reference(z, 30.0).float() if use_rs else None
+        l0, g0 = sc.launch(z, t, 30.0, "sigmoid", True, torch.float32, 448.0, "lean", rs)
+        l1, g1, g1t = sc.launch_transposed(z, t, 30.0, torch.float32, 448.0, rs)
+        out["transposed"].append(dict(N=N, V=V, losses_equal=bool(torch.equal(l0, l1)),
+                                      grad_max_abs=(g1 - g0).abs().max().item(), grad_scale=g0.abs().max().item(),
+                                      exact_transpose=bool(torch.equal(g1t, g1.T)), ignored_zero=bool((g1[N // 2] == 0).all())))
     try:
-        sc.launch(z, t, 30.0, "sigmoid", True, math="precise", rowsums=rs)
+        sc.launch(z, t, 30.0, "sigmoid", True, math="precise", rowsums=head_gluon.rowsums_reference(z, 30.0).float())
         out["rowsums_refused_for_precise"] = False
     except ValueError:
         out["rowsums_refused_for_precise"] = True
@@ -298,6 +313,14 @@ def test_interpreted_lean_kernel_with_the_heads_row_sums(interpreted):
     assert interpreted["rowsums_refused_for_precise"]
 
 
+def test_interpreted_transposed_gradient(interpreted):
+    """launch_transposed: the lean kernel's losses exactly, its gradient within float32 roundings (the tiles
+    pair reciprocals differently), and the transposed copy exact; an ignored row's gradient is zero."""
+    for case in interpreted["transposed"]:
+        assert case["losses_equal"] and case["exact_transpose"] and case["ignored_zero"], case
+        assert case["grad_max_abs"] <= 1e-6 * case["grad_scale"], case
+
+
 def test_interpreted_lean_polynomial_exp2_is_float32_accurate(interpreted):
     """The FMA-unit 2^x of math="lean" is as accurate as the special-function unit's (about 2^-22)."""
     assert interpreted["poly_max_rel_err"] < 2.5e-7, interpreted["poly_max_rel_err"]
@@ -369,6 +392,26 @@ def test_gpu_lean_at_record_size(cuda):
     _, prec8 = sc.launch(z[rows], t[rows], 30.0, "sigmoid", True, torch.float8_e5m2, 448.0, "precise")
     differ = (lean8.view(torch.uint8) != prec8.view(torch.uint8)).float().mean().item()
     assert differ < 1e-3, differ
+
+
+@pytest.mark.gpu
+def test_gpu_transposed_gradient_at_record_size(cuda):
+    """launch_transposed at the record's size, e5m2 x 448 as the FP8 head asks: the lean kernel's losses
+    exactly, its e5m2 bytes but for rare one-step roundings (other reciprocal pairs), and the
+    transposed gradient exactly the transposed copy of its own."""
+    pytest.importorskip("triton")
+    from speedrun import softcap_ce as sc, transpose
+    z, t = _record_inputs(3)
+    t[5] = sc.IGNORE_INDEX
+    l0, g0 = sc.launch(z, t, 30.0, "sigmoid", True, torch.float8_e5m2, 448.0, "lean")
+    l1, g1, g1t = sc.launch_transposed(z, t, 30.0, torch.float8_e5m2, 448.0)
+    assert torch.equal(l0, l1)
+    differ = sum((g0[i:i + 4096].view(torch.uint8) != g1[i:i + 4096].view(torch.uint8)).sum().item()
+                 for i in range(0, N_REC, 4096))
+    assert differ / g0.numel() < 1e-4, differ
+    del g0
+    assert torch.equal(g1t.view(torch.uint8), transpose.transpose_copy(g1).view(torch.uint8))
+    assert not g1[5].view(torch.uint8).any()
 
 
 @pytest.mark.gpu

@@ -9,7 +9,9 @@ What one micro-step's head forward costs on each path (the backward is the same 
 Rows: every launch variant of the Gluon kernel (VARIANTS: CONFIG overrides, with and without the row
 sums) with its median us and, at the record's shape, z against cuBLAS (bit equality) and the row sums
 against float64 (max relative error); the CE kernel with and without row sums (us; losses and e5m2
-bytes compared); the two paths end to end. The sixteenth session's runs (head_gluon's CONFIG comment)
+bytes compared); the CE kernel writing the gradient in both layouts (`softcap_ce.launch_transposed`)
+against the one-layout kernel plus the transposed copy the backward makes (`model.ce_transposed`); the
+two paths end to end. The sixteenth session's runs (head_gluon's CONFIG comment)
 chose GROUP_M 32 from {8, 16, 32, 64} and POLY 0 over 1.
 
 Usage:
@@ -120,6 +122,16 @@ def device_bench(out_path):
     del g1, g2
     us["ce_lean_two_passes"] = time(lambda: ce(None))
     us["ce_lean_rowsums"] = time(lambda: ce(rs))
+    from speedrun import transpose
+
+    us["ce_rowsums_plus_transposed_copy"] = time(lambda: transpose.transpose_copy(ce(rs)[1]))
+    us["ce_transposed_rowsums"] = time(lambda: sc.launch_transposed(z, t, 30.0, torch.float8_e5m2, grad_mul, rs))
+    _, g1, g1t = sc.launch_transposed(z, t, 30.0, torch.float8_e5m2, grad_mul, rs)
+    _, g2 = ce(rs)
+    res["ce_transposed_e5m2_bytes_differing"] = _bytes_differ(g1, g2) / g1.numel()
+    res["ce_transposed_exact"] = all(torch.equal(g1t[:, i:i + 4096].T.contiguous().view(torch.uint8),
+                                                 g1[i:i + 4096].view(torch.uint8)) for i in range(0, M, 4096))
+    del g1, g1t, g2
     us["path_cublas"] = time(lambda: (torch._scaled_mm(x_f8, w_f8.T, out_dtype=torch.bfloat16, scale_a=sa, scale_b=sb,
                                                        use_fast_accum=True), ce(None)))
     us["path_gluon"] = time(lambda: (H.launch(x_f8, w_f8, scale, z, rs), ce(rs)))
@@ -127,6 +139,8 @@ def device_bench(out_path):
     print("us:", {k: round(v, 1) for k, v in us.items()})
     print("CE with row sums vs two passes: loss max rel diff", res["ce_loss_max_rel_diff"],
           "e5m2 bytes differing", res["ce_e5m2_bytes_differing"])
+    print("CE writing both layouts vs one: e5m2 bytes differing", res["ce_transposed_e5m2_bytes_differing"],
+          "transpose exact", res["ce_transposed_exact"])
 
 
 if __name__ == "__main__":

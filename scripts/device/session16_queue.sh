@@ -11,6 +11,10 @@
 #   final   (sixteenth session, after head_kernel=auto became the default) the strict cold start of the
 #           default; the Gluon head's GPU tests; benches of the default and of head_kernel=cublas on one
 #           shared compiler cache [all.done]
+#   transposed  (for the seventeenth session) the CE writing the gradient in both layouts
+#           (`model.ce_transposed`, written and CPU-tested in the sixteenth, never run on a GPU): the head
+#           bench (its launch_transposed rows), the head's and the CE kernel's GPU tests, A/B/A/B benches of
+#           ce_transposed false against true on one shared compiler cache [all.done]
 #   stage   keep the carried proxy shards in /tmp/proxy-keep (the tree and all four shards exceed one
 #           call's carry)
 #   full    restore the kept shards; two proxy212 runs of the default (their summaries now carry the GPU
@@ -22,14 +26,17 @@
 set -u
 source scripts/device/common.sh
 
+head_bench() {  # head_bench NAME SECONDS LINES: the clock log, GPU 0, head_fwd_gluon_bench.py into $RES/NAME.*
+  clocks_log clocks.csv
+  export CUDA_VISIBLE_DEVICES=0
+  (cd scripts/device && timeout "$2" python3 head_fwd_gluon_bench.py "$RES/$1.json") > "$RES/$1.log" 2>&1
+  echo "$(date +%T) $1: exit $? | $(tail -"$3" "$RES/$1.log" | tr '\n' ' ')"
+}
+
 case "${1:-}" in
   verify)
     queue_start
-    ( clocks_log clocks.csv
-      export CUDA_VISIBLE_DEVICES=0
-      (cd scripts/device && timeout 420 python3 head_fwd_gluon_bench.py "$RES/head-fwd-gluon.json") \
-        > "$RES/head-fwd-gluon.log" 2>&1
-      echo "$(date +%T) head forward kernel: exit $? | $(tail -12 "$RES/head-fwd-gluon.log" | tr '\n' ' ')"
+    ( head_bench head-fwd-gluon 420 12
       env -u PYTHONPYCACHEPREFIX timeout 120 python3 -m pytest -m gpu -q tests/test_gpu_clocks.py \
         > "$RES/gpu-tests-clocks.log" 2>&1
       echo "$(date +%T) clock GPU test: $(tail -1 "$RES/gpu-tests-clocks.log")"
@@ -37,11 +44,7 @@ case "${1:-}" in
       touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
   gluon)
     queue_start
-    ( clocks_log clocks.csv
-      export CUDA_VISIBLE_DEVICES=0
-      (cd scripts/device && timeout 300 python3 head_fwd_gluon_bench.py "$RES/head-gluon.json") \
-        > "$RES/head-gluon.log" 2>&1
-      echo "$(date +%T) head Gluon bench: exit $? | $(tail -3 "$RES/head-gluon.log" | tr '\n' ' ')"
+    ( head_bench head-gluon 300 3
       env -u PYTHONPYCACHEPREFIX timeout 420 python3 -m pytest -m gpu -q -s tests/test_head_gluon.py tests/test_head.py \
         tests/test_softcap_ce.py > "$RES/gpu-tests-head.log" 2>&1
       echo "$(date +%T) GPU tests (head): $(tail -1 "$RES/gpu-tests-head.log")"
@@ -59,8 +62,19 @@ case "${1:-}" in
       AB_CACHE=ab-final ab_shared default
       AB_CACHE=ab-final ab_shared cublas --set model.head_kernel=cublas
       touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
+  transposed)
+    queue_start
+    ( head_bench head-transposed 300 4
+      env -u PYTHONPYCACHEPREFIX timeout 420 python3 -m pytest -m gpu -q -s tests/test_head_gluon.py tests/test_head.py \
+        tests/test_softcap_ce.py > "$RES/gpu-tests-transposed.log" 2>&1
+      echo "$(date +%T) GPU tests (head, CE): $(tail -1 "$RES/gpu-tests-transposed.log")"
+      for round in 1 2; do
+        AB_CACHE=ab-t ab_shared "copy$round"
+        AB_CACHE=ab-t ab_shared "transposed$round" --set model.ce_transposed=true
+      done
+      touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
   stage) stage_proxy ;;
   full) full_pair ;;
   wait) follow_and_collect "${2:-560}" "$RES/${3:-all}.done" "$RES/${4:-q.log}"; exit $? ;;
-  *) echo "usage: $0 verify | gluon | final | stage | full | wait SECONDS [DONE-NAME [LOG]]" >&2; exit 2 ;;
+  *) echo "usage: $0 verify | gluon | final | transposed | stage | full | wait SECONDS [DONE-NAME [LOG]]" >&2; exit 2 ;;
 esac

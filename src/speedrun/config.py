@@ -70,6 +70,11 @@ class ModelConfig:
     # session: 599.4 -> 595.0 / 595.9 ms/step in full runs on one H200, docs/benchmarks.md). An
     # implementation choice: the same products and the same loss up to the order of float32 additions.
     head_kernel: str = "auto"
+    # The fused head's CE also writes the e5m2 gradient transposed (softcap_ce.launch_transposed: its gradient
+    # pass over tiles that store both layouts), so the backward's grad_w product needs no transposed copy
+    # (transpose.py, ~1.3 ms a 49,152-token micro-step on an H200). The same bytes up to the CE's pairing
+    # of reciprocals. Off until measured on a GPU.
+    ce_transposed: bool = False
     # The attention's inputs (QK RMS-norm + rotary, value mixing; attn_inputs.py): "torch" (the model's
     # operations, compiled by Inductor) | "triton" (one kernel launch each way for q, k and v, the
     # projection's whole gradient written in place) | "auto" (triton on CUDA when installed). Same math as

@@ -50,10 +50,11 @@ def x_scale(dim: int) -> float:
 
 
 def head_loss(x: Tensor, w: Tensor, targets: Tensor, cap: float, form: str, ce_impl: str, use_fp8: bool,
-              ce_math: str = "precise", head_kernel: str = "cublas") -> Tensor:
+              ce_math: str = "precise", head_kernel: str = "cublas", ce_transposed: bool = False) -> Tensor:
     """sum over tokens of CE(softcap(x @ w^T), targets), a float32 scalar; x (..., K), w (M, K);
     ce_math: the CE kernel's sigmoid (`softcap_ce.MATHS`); head_kernel: the fused op's forward product
-    ("cublas", "gluon" or "auto": `use_gluon`)."""
+    ("cublas", "gluon" or "auto": `use_gluon`); ce_transposed: the CE writes the transposed gradient
+    too (`transposed_applies`)."""
     if not fused_available(use_fp8, x, ce_impl):
         z = fp8.head_matmul(x, w, use_fp8)
         return softcap_ce.softcap_cross_entropy(z, targets, cap, form, ce_impl, ce_math)
@@ -64,7 +65,7 @@ def head_loss(x: Tensor, w: Tensor, targets: Tensor, cap: float, form: str, ce_i
     want_grad = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)
     return torch.ops.speedrun.fp8_softcap_ce(
         flat, w.contiguous(), targets.reshape(-1), float(cap), form, x_s, fp8.W_SCALE, fp8.GRAD_SCALE, want_grad,
-        ce_math, head_kernel)[0]
+        ce_math, head_kernel, ce_transposed)[0]
 
 
 def use_gluon(x: Tensor, w: Tensor, head_kernel: str) -> bool:
@@ -98,30 +99,44 @@ def _forward(x: Tensor, w: Tensor, cap: float, form: str, x_s: float, w_s: float
     return z, x_f8, w_f8, None
 
 
+def transposed_applies(want_grad: bool, cap: float, form: str, ce_math: str, grad_s: float, ce_transposed: bool) -> bool:
+    """Does the fused op's CE write the transposed gradient too (`softcap_ce.launch_transposed`)?"""
+    return want_grad and ce_transposed and form == "sigmoid" and softcap_ce.lean_applies(form, cap, ce_math, 1.0 / grad_s)
+
+
 @torch.library.custom_op("speedrun::fp8_softcap_ce", mutates_args=())
 def fp8_softcap_ce(
     x: Tensor, w: Tensor, targets: Tensor, cap: float, form: str, x_s: float, w_s: float, grad_s: float,
-    want_grad: bool, ce_math: str = "precise", head_kernel: str = "cublas") -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    want_grad: bool, ce_math: str = "precise", head_kernel: str = "cublas", ce_transposed: bool = False,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """The summed loss (0-d float32), dL/dz / grad_s (N, M) in float8_e5m2 ((0,) without want_grad),
-    and the FP8 operands of the product."""
+    the FP8 operands of the product, and the gradient transposed (M, N) where `transposed_applies`
+    ((0,) elsewhere: the backward then makes its own transposed copy)."""
     z, x_f8, w_f8, rowsums = _forward(x, w, cap, form, x_s, w_s, 1.0 / grad_s, ce_math, head_kernel)
-    losses, g_f8 = softcap_ce.launch(z, targets, cap, form, want_grad, torch.float8_e5m2, 1.0 / grad_s, ce_math,
-                                     rowsums)
-    return losses.sum(), g_f8, x_f8, w_f8
+    if transposed_applies(want_grad, cap, form, ce_math, grad_s, ce_transposed):
+        losses, g_f8, g_f8_t = softcap_ce.launch_transposed(z, targets, cap, torch.float8_e5m2, 1.0 / grad_s, rowsums)
+    else:
+        losses, g_f8 = softcap_ce.launch(z, targets, cap, form, want_grad, torch.float8_e5m2, 1.0 / grad_s, ce_math,
+                                         rowsums)
+        g_f8_t = g_f8.new_empty((0,))
+    return losses.sum(), g_f8, x_f8, w_f8, g_f8_t
 
 
 @fp8_softcap_ce.register_fake
-def _(x, w, targets, cap, form, x_s, w_s, grad_s, want_grad, ce_math="precise", head_kernel="cublas"):
+def _(x, w, targets, cap, form, x_s, w_s, grad_s, want_grad, ce_math="precise", head_kernel="cublas",
+      ce_transposed=False):
     N, M = x.shape[0], w.shape[0]
     loss = x.new_empty((), dtype=torch.float32)
     g_f8 = x.new_empty((N, M) if want_grad else (0,), dtype=torch.float8_e5m2)
-    return loss, g_f8, x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
+    transposed = transposed_applies(want_grad, cap, form, ce_math, grad_s, ce_transposed)
+    g_f8_t = x.new_empty((M, N) if transposed else (0,), dtype=torch.float8_e5m2)
+    return loss, g_f8, x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn), g_f8_t
 
 
 def _setup_context(ctx, inputs, output):
-    _, g_f8, x_f8, w_f8 = output
-    ctx.mark_non_differentiable(g_f8, x_f8, w_f8)
-    ctx.save_for_backward(g_f8, x_f8, w_f8)
+    _, g_f8, x_f8, w_f8, g_f8_t = output
+    ctx.mark_non_differentiable(g_f8, x_f8, w_f8, g_f8_t)
+    ctx.save_for_backward(g_f8, x_f8, w_f8, g_f8_t)
     ctx.scales = inputs[5:8]
     ctx.want_grad = inputs[8]
 
@@ -129,9 +144,9 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, g_loss, *_):
     if not ctx.want_grad:
         raise RuntimeError("fp8_softcap_ce: the forward ran without a gradient (no grad mode or no input required grad)")
-    g_f8, x_f8, w_f8 = ctx.saved_tensors
-    grad_x, grad_w = torch.ops.speedrun.fp8_mm_backward_prequantized(g_f8, g_loss, x_f8, w_f8, *ctx.scales)
-    return (grad_x, grad_w) + (None,) * 9  # targets ... head_kernel
+    g_f8, x_f8, w_f8, g_f8_t = ctx.saved_tensors
+    grad_x, grad_w = torch.ops.speedrun.fp8_mm_backward_prequantized(g_f8, g_loss, x_f8, w_f8, *ctx.scales, g_f8_t)
+    return (grad_x, grad_w) + (None,) * 10  # targets ... ce_transposed
 
 
 fp8_softcap_ce.register_autograd(_backward, setup_context=_setup_context)
@@ -139,13 +154,16 @@ fp8_softcap_ce.register_autograd(_backward, setup_context=_setup_context)
 
 @torch.library.custom_op("speedrun::fp8_mm_backward_prequantized", mutates_args=())
 def fp8_mm_backward_prequantized(
-    g_f8: Tensor, upstream: Tensor, x_f8: Tensor, w_f8: Tensor, x_s: float, w_s: float, grad_s: float
+    g_f8: Tensor, upstream: Tensor, x_f8: Tensor, w_f8: Tensor, x_s: float, w_s: float, grad_s: float,
+    g_f8_t: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """The FP8 backward for the gradient g_f8 * grad_s * upstream (a 0-d tensor): grad_x's product
-    from g_f8, grad_w's from its transposed copy (`transpose.transpose_copy`, a Triton kernel on the
-    GPU). Running the copy on a side stream beside grad_x's product was measured: no gain
-    (7.05 against 7.07 ms per micro-step, docs/benchmarks.md), so it runs in line."""
-    g_f8_t = transpose.transpose_copy(g_f8)
+    from g_f8, grad_w's from its transposed copy: g_f8_t where the CE kernel wrote it, else
+    `transpose.transpose_copy` (a Triton kernel on the GPU). Running the copy on a side stream beside
+    grad_x's product was measured: no gain (7.05 against 7.07 ms per micro-step, docs/benchmarks.md),
+    so it runs in line."""
+    if g_f8_t is None or not g_f8_t.numel():
+        g_f8_t = transpose.transpose_copy(g_f8)
     grad_x = fp8._compiled(fp8.grad_x_prequantized, g_f8)(g_f8, upstream, w_f8, w_s, grad_s)
     return grad_x, fp8._compiled(fp8.grad_w_prequantized, g_f8)(g_f8_t, upstream, x_f8, x_s, grad_s)
 

@@ -74,11 +74,7 @@ def supports(k: int, n: int) -> bool:
 
 def available() -> bool:
     """Whether Triton's Gluon with its Hopper support imports and the kernel defines here."""
-    try:
-        _build()
-    except Exception:  # noqa: BLE001 - any import or definition failure means "not here"
-        return False
-    return True
+    return relu2_gluon.defines(_build)
 
 
 def _build():

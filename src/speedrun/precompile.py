@@ -116,12 +116,13 @@ def warm_head(model, cfg, device: torch.device) -> None:
     targets = torch.randint(0, cfg.model.vocab_size, (cfg.train.seq_len,), device=device)
     form = "none" if not cfg.model.logit_softcap else cfg.model.softcap_form
     with torch.no_grad():  # as inside the compiled step: plain tensors, no autograd
-        _, grad, x_f8, w_f8 = torch.ops.speedrun.fp8_softcap_ce(
+        _, grad, x_f8, w_f8, grad_t = torch.ops.speedrun.fp8_softcap_ce(
             x, w.contiguous(), targets, float(cfg.model.logit_softcap), form,
-            head.x_scale(x.shape[-1]), fp8.W_SCALE, fp8.GRAD_SCALE, True, cfg.model.ce_math, cfg.model.head_kernel)
+            head.x_scale(x.shape[-1]), fp8.W_SCALE, fp8.GRAD_SCALE, True, cfg.model.ce_math, cfg.model.head_kernel,
+            cfg.model.ce_transposed)
         upstream = torch.full((), 1.0 / cfg.train.batch_seqs, device=device)
         scales = (head.x_scale(x.shape[-1]), fp8.W_SCALE, fp8.GRAD_SCALE)
-        torch.ops.speedrun.fp8_mm_backward_prequantized(grad, upstream, x_f8, w_f8, *scales)
+        torch.ops.speedrun.fp8_mm_backward_prequantized(grad, upstream, x_f8, w_f8, *scales, grad_t)
 
 
 def warm_eval(step_model, model, cfg, device: torch.device, dtype: torch.dtype) -> None:

@@ -96,8 +96,13 @@ _tile_coords = _tile_origin = _issue_load = _shared_state = _mma_partition = _ep
 
 def available() -> bool:
     """Whether Triton's Gluon with its Hopper (TMA, mbarrier, wgmma) support imports here."""
+    return defines(_build)
+
+
+def defines(build) -> bool:
+    """Whether `build` (a Gluon module's kernel definition) runs here without raising."""
     try:
-        _build()
+        build()
     except Exception:  # noqa: BLE001 - any import or definition failure means "not here"
         return False
     return True

@@ -89,6 +89,9 @@ MATHS = ("precise", "tanh_approx", "lean")
 # the e5m2 gradient, 4,021 us for "precise"): POLY 1, 4,096 columns, 8 warps 3,289 us; the others
 # 3,345-3,500 us (POLY 0: 3,345-3,488, POLY 2: 3,416-3,500).
 LEAN_CONFIG = {"POLY": 1, "BLOCK_V": 4096, "num_warps": 8}
+# `launch_transposed`'s gradient tiles (rows x columns; a power of two each): 64 tokens give the transposed
+# store 64-byte runs, as transpose.py's measured copy kernel. Not yet timed on a GPU.
+TILE_CONFIG = {"BLOCK_M": 64, "BLOCK_V": 256, "num_warps": 8}
 
 
 # --------------------------------------------------------------------------- reference
@@ -149,7 +152,8 @@ triton = None  # set by _build_kernel on first use
 tl = None
 _KERNEL = None
 _softcap_jit = _softcap_ce_kernel = None
-_rcp = _exp2_poly = _exp2 = _sigmoid_pair = _row_sum_pass = _softcap_ce_lean_kernel = None
+_rcp = _exp2_poly = _exp2 = _sigmoid_pair = _row_sum_pass = _row_loss = _softcap_ce_lean_kernel = None
+_ce_rows_kernel = _ce_grad_tile_kernel = None
 _P1 = _P2 = _P3 = _P4 = _P5 = None  # EXP2_POLY as Triton constexprs, set with the kernels
 _FORM_CODE = {"none": 0, "sigmoid": 1, "tanh": 2}
 
@@ -262,7 +266,8 @@ EXP2_POLY = (0.6931470036506653, 0.24022242426872253, 0.05550733581185341, 0.009
 
 def _define_lean_kernel():
     """The "lean" kernel (the record's sigmoid form, static shift); bound as module globals like the others."""
-    global _rcp, _exp2_poly, _exp2, _sigmoid_pair, _row_sum_pass, _softcap_ce_lean_kernel, _P1, _P2, _P3, _P4, _P5
+    global _rcp, _exp2_poly, _exp2, _sigmoid_pair, _row_sum_pass, _row_loss, _softcap_ce_lean_kernel, _ce_rows_kernel
+    global _ce_grad_tile_kernel, _P1, _P2, _P3, _P4, _P5
     _P1, _P2, _P3, _P4, _P5 = (tl.constexpr(c) for c in EXP2_POLY)  # kernels read constexpr globals only
 
     @triton.jit
@@ -327,6 +332,26 @@ def _define_lean_kernel():
         return cap2 + tl.log2(tl.sum(acc_a, axis=0) + tl.sum(acc_b, axis=0))
 
     @triton.jit
+    def _row_loss(T, LOSS, RS, row, z_row, rs_cols, cap2, k, V: tl.constexpr, IGNORE: tl.constexpr,
+                  BLOCK_V: tl.constexpr, POLY: tl.constexpr, FAST: tl.constexpr, ROWSUMS: tl.constexpr,
+                  RS_BLOCK: tl.constexpr):
+        """One row's log2-sum-exp (pass 1: sum of 2^(s2 - cap2), s <= cap so no running max; or the sum of
+        its rs_cols partial sums at RS with ROWSUMS) and loss, stored at LOSS; (target or 0, ignored,
+        lse2, the target's sigmoid)."""
+        t = tl.load(T + row).to(tl.int32)
+        if ROWSUMS:
+            rs = tl.arange(0, RS_BLOCK)
+            lse2 = cap2 + tl.log2(tl.sum(tl.load(RS + row * rs_cols + rs, mask=rs < rs_cols, other=0.0), axis=0))
+        else:
+            lse2 = _row_sum_pass(z_row, tl.arange(0, BLOCK_V // 2), k, cap2, V, BLOCK_V, POLY, FAST)
+        ignored = t == IGNORE
+        t_safe = tl.where(ignored, 0, t)
+        z_t = tl.load(z_row + t_safe, mask=(t_safe >= 0) & (t_safe < V), other=0.0).to(tl.float32)
+        s_t = 1.0 / (1.0 + tl.exp2(tl.minimum(z_t * k, 126.0)))  # the target's sigmoid, one element
+        tl.store(LOSS + row, tl.where(ignored, 0.0, (lse2 - cap2 * s_t) * 0.6931471805599453))  # ln(2)
+        return t_safe, ignored, lse2, s_t
+
+    @triton.jit
     def _softcap_ce_lean_kernel(Z, T, LOSS, GRAD, RS, stride_z, stride_g, cap, inv_scale, grad_mul, rs_cols,
                                 V: tl.constexpr, IGNORE: tl.constexpr, WRITE_GRAD: tl.constexpr,
                                 BLOCK_V: tl.constexpr, POLY: tl.constexpr, FAST: tl.constexpr,
@@ -340,22 +365,10 @@ def _define_lean_kernel():
         row = tl.program_id(0).to(tl.int64)
         z_row = Z + row * stride_z
         cols = tl.arange(0, HALF)
-        t = tl.load(T + row).to(tl.int32)
         cap2 = cap * 1.4426950408889634  # everything in base-2 units: s2 = s * log2(e)
         k = -1.4426950408889634 * inv_scale
-
-        # pass 1: sum of 2^(s2 - cap2) per lane (s <= cap, so no running max), or its partial sums
-        if ROWSUMS:
-            rs = tl.arange(0, RS_BLOCK)
-            lse2 = cap2 + tl.log2(tl.sum(tl.load(RS + row * rs_cols + rs, mask=rs < rs_cols, other=0.0), axis=0))
-        else:
-            lse2 = _row_sum_pass(z_row, cols, k, cap2, V, BLOCK_V, POLY, FAST)
-
-        ignored = t == IGNORE
-        t_safe = tl.where(ignored, 0, t)
-        z_t = tl.load(z_row + t_safe, mask=(t_safe >= 0) & (t_safe < V), other=0.0).to(tl.float32)
-        s_t = 1.0 / (1.0 + tl.exp2(tl.minimum(z_t * k, 126.0)))  # the target's sigmoid, one element
-        tl.store(LOSS + row, tl.where(ignored, 0.0, (lse2 - cap2 * s_t) * 0.6931471805599453))  # ln(2)
+        t_safe, ignored, lse2, s_t = _row_loss(T, LOSS, RS, row, z_row, rs_cols, cap2, k, V, IGNORE, BLOCK_V, POLY,
+                                               FAST, ROWSUMS, RS_BLOCK)
 
         # pass 2: g = softmax * ds/dz * grad_mul with ds/dz = (c / 7.5) s (1 - s): the constant folded into
         # the exponent (2^(s2 - lse2 + log2 C)); the target's -ds/dz * grad_mul is written after a barrier
@@ -386,6 +399,51 @@ def _define_lean_kernel():
                 tl.debug_barrier()  # the loop's store of the target column lands before this one
                 g_t = (tl.exp2(cap2 * s_t - shift) - C) * tl.fma(-s_t, s_t, s_t)
                 tl.store(g_row + t_safe, g_t.to(GRAD.dtype.element_ty), mask=(t_safe >= 0) & (t_safe < V))
+
+    @triton.jit
+    def _ce_rows_kernel(Z, T, LOSS, SHIFT, RS, stride_z, cap, inv_scale, grad_mul, rs_cols, V: tl.constexpr,
+                        IGNORE: tl.constexpr, BLOCK_V: tl.constexpr, POLY: tl.constexpr, FAST: tl.constexpr,
+                        ROWSUMS: tl.constexpr, RS_BLOCK: tl.constexpr):
+        """Per row, as the lean kernel: the loss, and the gradient pass's exponent shift lse2 - log2 C into
+        SHIFT (+inf for an ignored row, whose gradient is then 0)."""
+        row = tl.program_id(0).to(tl.int64)
+        cap2 = cap * 1.4426950408889634
+        k = -1.4426950408889634 * inv_scale
+        _, ignored, lse2, _ = _row_loss(T, LOSS, RS, row, Z + row * stride_z, rs_cols, cap2, k, V, IGNORE, BLOCK_V,
+                                        POLY, FAST, ROWSUMS, RS_BLOCK)
+        C = cap * inv_scale * grad_mul
+        tl.store(SHIFT + row, tl.where(ignored, float("inf"), lse2 - tl.log2(C)))
+
+    @triton.jit
+    def _ce_grad_tile_kernel(Z, T, SHIFT, GRAD, GRAD_T, N, stride_z, cap, inv_scale, grad_mul, V: tl.constexpr,
+                             BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, FAST: tl.constexpr):
+        """The lean kernel's gradient pass for one BLOCK_M x BLOCK_V tile, given each row's SHIFT: g stored
+        row-major into GRAD (N, V) and transposed into GRAD_T (V, N), the tile's halves (a, b) sharing
+        reciprocals; the target column's -C s (1 - s) by a compare (rows and columns are a tile's here)."""
+        HALF: tl.constexpr = BLOCK_V // 2
+        rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        ca = tl.program_id(1) * BLOCK_V + tl.arange(0, HALF)
+        cb = ca + HALF
+        rok = rm < N
+        cap2 = cap * 1.4426950408889634
+        k = -1.4426950408889634 * inv_scale
+        C = cap * inv_scale * grad_mul
+        shift = tl.load(SHIFT + rm, mask=rok, other=float("inf"))[:, None]
+        t = tl.load(T + rm, mask=rok, other=-1).to(tl.int32)[:, None]
+        z_rows = Z + rm[:, None].to(tl.int64) * stride_z
+        oka = rok[:, None] & (ca < V)[None, :]
+        okb = rok[:, None] & (cb < V)[None, :]
+        sa, sb = _sigmoid_pair(tl.load(z_rows + ca[None, :], mask=oka, other=0.0).to(tl.float32),
+                               tl.load(z_rows + cb[None, :], mask=okb, other=0.0).to(tl.float32), k, FAST)
+        ga = ((tl.exp2(cap2 * sa - shift) - tl.where(ca[None, :] == t, C, 0.0)) * tl.fma(-sa, sa, sa)).to(
+            GRAD.dtype.element_ty)
+        gb = ((tl.exp2(cap2 * sb - shift) - tl.where(cb[None, :] == t, C, 0.0)) * tl.fma(-sb, sb, sb)).to(
+            GRAD.dtype.element_ty)
+        g_rows = GRAD + rm[:, None].to(tl.int64) * V
+        tl.store(g_rows + ca[None, :], ga, mask=oka)
+        tl.store(g_rows + cb[None, :], gb, mask=okb)
+        tl.store(GRAD_T + ca[:, None].to(tl.int64) * N + rm[None, :], tl.trans(ga), mask=tl.trans(oka))
+        tl.store(GRAD_T + cb[:, None].to(tl.int64) * N + rm[None, :], tl.trans(gb), mask=tl.trans(okb))
 
 
 def lean_applies(form: str, cap: float, math: str, grad_mul: float = 1.0) -> bool:
@@ -438,6 +496,42 @@ def launch(z: Tensor, targets: Tensor, cap: float, form: str, want_grad: bool,
                  num_warps=cfg["num_warps"])
     return losses, grad
 
+
+
+def launch_transposed(z: Tensor, targets: Tensor, cap: float, grad_dtype: torch.dtype, grad_mul: float,
+                      rowsums: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-row losses, dL_i/dz * grad_mul (N, V) in grad_dtype, and the same gradient transposed (V, N),
+    which the FP8 head's grad_w product needs: the lean kernel's two passes as two kernels, the second
+    over tiles that store both layouts (so no separate transposed copy reads the gradient again). The
+    record's sigmoid form only (0 < cap <= 80); rowsums as `launch`'s."""
+    _build_kernel()
+    if not lean_applies("sigmoid", cap, "lean", grad_mul):
+        raise ValueError(f"softcap_ce.launch_transposed: needs 0 < cap <= 80 and grad_mul > 0, got {cap}, {grad_mul}")
+    if z.stride(-1) != 1:
+        z = z.contiguous()
+    targets = targets.contiguous()
+    N, V = z.shape
+    losses = torch.empty(N, dtype=torch.float32, device=z.device)
+    grad = torch.empty((N, V), dtype=grad_dtype, device=z.device)
+    grad_t = torch.empty((V, N), dtype=grad_dtype, device=z.device)
+    if not N:
+        return losses, grad, grad_t
+    shift = torch.empty(N, dtype=torch.float32, device=z.device)
+    rs_cols = rowsums.shape[1] if rowsums is not None else 0
+    if rowsums is not None and tuple(rowsums.shape) != (N, rs_cols):
+        raise ValueError(f"softcap_ce.launch_transposed: rowsums must be ({N}, tiles), got {tuple(rowsums.shape)}")
+    fast = z.device.type == "cuda"
+    inv_scale = 1.0 / SIGMOID_TEMPERATURE
+    _ce_rows_kernel[(N,)](z, targets, losses, shift, losses if rowsums is None else rowsums, z.stride(0), float(cap),
+                          inv_scale, float(grad_mul), rs_cols, V=V, IGNORE=IGNORE_INDEX,
+                          BLOCK_V=LEAN_CONFIG["BLOCK_V"], POLY=LEAN_CONFIG["POLY"], FAST=fast,
+                          ROWSUMS=rowsums is not None, RS_BLOCK=max(16, _next_pow2(rs_cols)),
+                          num_warps=LEAN_CONFIG["num_warps"])
+    bm, bv = TILE_CONFIG["BLOCK_M"], TILE_CONFIG["BLOCK_V"]
+    _ce_grad_tile_kernel[(triton.cdiv(N, bm), triton.cdiv(V, bv))](
+        z, targets, shift, grad, grad_t, N, z.stride(0), float(cap), inv_scale, float(grad_mul), V=V,
+        BLOCK_M=bm, BLOCK_V=bv, FAST=fast, num_warps=TILE_CONFIG["num_warps"])
+    return losses, grad, grad_t
 
 def _next_pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
