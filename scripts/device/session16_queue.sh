@@ -33,6 +33,18 @@ head_bench() {  # head_bench NAME SECONDS LINES: the clock log, GPU 0, head_fwd_
   echo "$(date +%T) $1: exit $? | $(tail -"$3" "$RES/$1.log" | tr '\n' ' ')"
 }
 
+head_ab() {  # head_ab NAME CACHE A "A's ARGS" B "B's ARGS": head_bench NAME, the head's and the CE kernel's GPU
+  # tests ($RES/gpu-tests-NAME.log), then A/B/A/B benches on the shared compiler cache CACHE
+  head_bench "$1" 300 4
+  env -u PYTHONPYCACHEPREFIX timeout 420 python3 -m pytest -m gpu -q -s tests/test_head_gluon.py tests/test_head.py \
+    tests/test_softcap_ce.py > "$RES/gpu-tests-$1.log" 2>&1
+  echo "$(date +%T) GPU tests (head, CE): $(tail -1 "$RES/gpu-tests-$1.log")"
+  for round in 1 2; do
+    AB_CACHE=$2 ab_shared "$3$round" $4
+    AB_CACHE=$2 ab_shared "$5$round" $6
+  done
+}
+
 case "${1:-}" in
   verify)
     queue_start
@@ -44,14 +56,7 @@ case "${1:-}" in
       touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
   gluon)
     queue_start
-    ( head_bench head-gluon 300 3
-      env -u PYTHONPYCACHEPREFIX timeout 420 python3 -m pytest -m gpu -q -s tests/test_head_gluon.py tests/test_head.py \
-        tests/test_softcap_ce.py > "$RES/gpu-tests-head.log" 2>&1
-      echo "$(date +%T) GPU tests (head): $(tail -1 "$RES/gpu-tests-head.log")"
-      for round in 1 2; do
-        AB_CACHE=ab-head ab_shared "cublas$round" --set model.head_kernel=cublas
-        AB_CACHE=ab-head ab_shared "gluon$round" --set model.head_kernel=gluon
-      done
+    ( head_ab head-gluon ab-head cublas "--set model.head_kernel=cublas" gluon "--set model.head_kernel=gluon"
       touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
   final)
     queue_start
@@ -64,14 +69,7 @@ case "${1:-}" in
       touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
   transposed)
     queue_start
-    ( head_bench head-transposed 300 4
-      env -u PYTHONPYCACHEPREFIX timeout 420 python3 -m pytest -m gpu -q -s tests/test_head_gluon.py tests/test_head.py \
-        tests/test_softcap_ce.py > "$RES/gpu-tests-transposed.log" 2>&1
-      echo "$(date +%T) GPU tests (head, CE): $(tail -1 "$RES/gpu-tests-transposed.log")"
-      for round in 1 2; do
-        AB_CACHE=ab-t ab_shared "copy$round"
-        AB_CACHE=ab-t ab_shared "transposed$round" --set model.ce_transposed=true
-      done
+    ( head_ab head-transposed ab-t copy "" transposed "--set model.ce_transposed=true"
       touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
   stage) stage_proxy ;;
   full) full_pair ;;
