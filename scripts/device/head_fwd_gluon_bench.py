@@ -31,9 +31,10 @@ M, K, N = 49152, 768, 50304
 VARIANTS = {  # name: (CONFIG overrides, row sums)
     "plain": ({}, False),
     "rowsum": ({}, True),
-    "rowsum_poly1": ({"POLY": 1}, True),
-    "rowsum_group16": ({"GROUP_M": 16}, True),
-}
+}  # the sixteenth session also ran POLY 1 and GROUP_M 8-64 (head_gluon's CONFIG comment)
+
+
+TILE_VARIANTS = [(64, 256, 4), (32, 256, 4), (128, 128, 8), (64, 128, 4), (128, 256, 8)]  # CE tile kernel
 
 
 def compile_only() -> bool:
@@ -132,6 +133,16 @@ def device_bench(out_path):
     res["ce_transposed_exact"] = all(torch.equal(g1t[:, i:i + 4096].T.contiguous().view(torch.uint8),
                                                  g1[i:i + 4096].view(torch.uint8)) for i in range(0, M, 4096))
     del g1, g1t, g2
+    default_tiles = dict(sc.TILE_CONFIG)
+    for bm, bv, nw in TILE_VARIANTS:  # the tile kernel's shape (softcap_ce.TILE_CONFIG), timed in place
+        sc.TILE_CONFIG.update(BLOCK_M=bm, BLOCK_V=bv, num_warps=nw)
+        try:
+            us[f"ce_transposed_{bm}x{bv}_w{nw}"] = time(
+                lambda: sc.launch_transposed(z, t, 30.0, torch.float8_e5m2, grad_mul, rs))
+        except Exception as e:  # noqa: BLE001 - a failure is a result; go on
+            res.setdefault("tile_errors", {})[f"{bm}x{bv}_w{nw}"] = f"{type(e).__name__}: {str(e)[:300]}"
+    sc.TILE_CONFIG.clear()
+    sc.TILE_CONFIG.update(default_tiles)
     us["path_cublas"] = time(lambda: (torch._scaled_mm(x_f8, w_f8.T, out_dtype=torch.bfloat16, scale_a=sa, scale_b=sb,
                                                        use_fast_accum=True), ce(None)))
     us["path_gluon"] = time(lambda: (H.launch(x_f8, w_f8, scale, z, rs), ce(rs)))

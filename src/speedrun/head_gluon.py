@@ -50,7 +50,7 @@ CONFIG = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "SUB_N": 64, "GROUP_M"
 NUM_WARPS = 8  # the consumer (default) partition: two warpgroups
 
 _KERNEL = None
-gluon = gl = tma = mbarrier = None
+gluon = gl = tma = mbarrier = tma_store = None
 _tile_origin = _shared_state = _mma_partition = None
 _rcp_approx = _exp2_poly = _tile_rowsum = _epilogue = None
 _Q1 = _Q2 = _Q3 = _Q4 = _Q5 = None  # EXP2_POLY as Gluon constexprs, set with the kernel
@@ -81,12 +81,13 @@ def _build():
     """Define the kernel (once). The tile order, the TMA ring's loads (B as (N, K)), the shared state
     and the consumer partition (SCALED: bf16(acc * scale)) are `relu2_gluon`'s and resolve their names
     in its globals; the jit functions below find theirs in this module's."""
-    global _KERNEL, gluon, gl, tma, mbarrier, _tile_origin, _shared_state, _mma_partition
+    global _KERNEL, gluon, gl, tma, mbarrier, tma_store, _tile_origin, _shared_state, _mma_partition
     global _rcp_approx, _exp2_poly, _tile_rowsum, _epilogue, _Q1, _Q2, _Q3, _Q4, _Q5
     if _KERNEL is not None:
         return _KERNEL
     relu2_gluon._build()
     gluon, gl, tma, mbarrier = relu2_gluon.gluon, relu2_gluon.gl, relu2_gluon.tma, relu2_gluon.mbarrier
+    tma_store = relu2_gluon.tma_store
     _tile_origin, _shared_state, _mma_partition = (relu2_gluon._tile_origin, relu2_gluon._shared_state,
                                                    relu2_gluon._mma_partition)
     _Q1, _Q2, _Q3, _Q4, _Q5 = (gl.constexpr(c) for c in EXP2_POLY)
@@ -164,7 +165,7 @@ def _build():
             if STORE:
                 for j in gl.static_range(BN // SUB):
                     if off_n + j * SUB < N:
-                        tma.async_copy_shared_to_global(out_desc, [off_m, off_n + j * SUB],
+                        tma_store(out_desc, [off_m, off_n + j * SUB],
                                                         e_buf.slice(j * SUB, SUB, 1))
             if ROWSUM:
                 if off_n + BN <= N:

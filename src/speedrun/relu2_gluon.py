@@ -91,6 +91,7 @@ NUM_WARPS = 8  # the default (consumer) partition: two warpgroups
 
 _KERNEL = None
 gluon = gl = tma = mbarrier = fence_async_shared = warpgroup_mma = warpgroup_mma_wait = None
+tma_load = tma_store = None  # TMA copies: Triton 3.6's async_copy_* names, async_load/async_store from 3.7 on
 _tile_coords = _tile_origin = _issue_load = _shared_state = _mma_partition = _epilogue_fwd = _epilogue_bwd = _load_h = None
 
 
@@ -108,10 +109,17 @@ def defines(build) -> bool:
     return True
 
 
+def tma_copies(tma):
+    """The TMA load and store builtins of this Triton: renamed in 3.7 (the old names then raise)."""
+    if hasattr(tma, "async_load") and hasattr(tma, "async_store"):
+        return tma.async_load, tma.async_store
+    return tma.async_copy_global_to_shared, tma.async_copy_shared_to_global
+
+
 def _build():
     """Import Triton/Gluon and define the kernel (once). The jit functions find each other and the
     Gluon modules through this module's globals, where the code generator looks them up."""
-    global _KERNEL, gluon, gl, tma, mbarrier, fence_async_shared, warpgroup_mma, warpgroup_mma_wait
+    global _KERNEL, gluon, gl, tma, mbarrier, fence_async_shared, warpgroup_mma, warpgroup_mma_wait, tma_load, tma_store
     global _tile_coords, _tile_origin, _issue_load, _shared_state, _mma_partition, _epilogue_fwd, _epilogue_bwd, _load_h
     if _KERNEL is not None:
         return _KERNEL
@@ -123,6 +131,7 @@ def _build():
     tma, mbarrier = _hopper.tma, _hopper.mbarrier
     fence_async_shared = _hopper.fence_async_shared
     warpgroup_mma, warpgroup_mma_wait = _hopper.warpgroup_mma, _hopper.warpgroup_mma_wait
+    tma_load, tma_store = tma_copies(tma)
 
     @gluon.jit
     def _tile_coords(tile, num_m, num_n, GROUP_M: gl.constexpr):
@@ -155,11 +164,11 @@ def _build():
         s = step % STAGES
         bar = ready.index(s)
         mbarrier.expect(bar, NBYTES, pred=live)
-        tma.async_copy_global_to_shared(a_desc, [pid_m * BM, k], bar, a_bufs.index(s), pred=live)
+        tma_load(a_desc, [pid_m * BM, k], bar, a_bufs.index(s), pred=live)
         if B_NK:
-            tma.async_copy_global_to_shared(b_desc, [pid_n * BN, k], bar, b_bufs.index(s), pred=live)
+            tma_load(b_desc, [pid_n * BN, k], bar, b_bufs.index(s), pred=live)
         else:
-            tma.async_copy_global_to_shared(b_desc, [k, pid_n * BN], bar, b_bufs.index(s), pred=live)
+            tma_load(b_desc, [k, pid_n * BN], bar, b_bufs.index(s), pred=live)
 
     @gluon.jit
     def _mma_partition(a_desc, b_desc, a_bufs, b_bufs, e_buf, ready, acc_ready, acc_free, scale_ptr, M, N, K,
@@ -228,7 +237,7 @@ def _build():
             mbarrier.wait(acc_ready, t & 1)
             if STORE_H:
                 for j in gl.static_range(SPLIT):
-                    tma.async_copy_shared_to_global(h_desc, [off_m, off_n + j * SUB], e_buf.slice(j * SUB, SUB, 1))
+                    tma_store(h_desc, [off_m, off_n + j * SUB], e_buf.slice(j * SUB, SUB, 1))
             for j in gl.static_range(SPLIT):
                 part = e_buf.slice(j * SUB, SUB, 1)
                 if STORE_H:
@@ -237,7 +246,7 @@ def _build():
                 r = gl.maximum(part.load(layout).to(gl.float32), 0.0)
                 part.store((r * r).to(gl.bfloat16))
                 fence_async_shared()
-                tma.async_copy_shared_to_global(out_desc, [off_m, off_n + j * SUB], part)
+                tma_store(out_desc, [off_m, off_n + j * SUB], part)
             tma.store_wait(0)  # every slice read out: the buffer is free
             mbarrier.arrive(acc_free)
             t += 1
@@ -275,7 +284,7 @@ def _build():
                 g = gl.where(hf > 0.0, p * (2.0 * hf), 0.0)
                 part.store(g.to(gl.bfloat16))
                 fence_async_shared()
-                tma.async_copy_shared_to_global(out_desc, [off_m, off_n + j * SUB], part)
+                tma_store(out_desc, [off_m, off_n + j * SUB], part)
                 if j + 1 < SPLIT:
                     h = h_next
             tma.store_wait(0)

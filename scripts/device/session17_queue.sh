@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# Issue 4, seventeenth session (nvidia-h200-x2: two H200s of one host).
+#   ab2     GPU 0: the head bench (head_fwd_gluon_bench.py, its launch_transposed rows) while GPU 1 runs the
+#           head's, both Gluon kernels' and the CE kernel's GPU tests; then four rounds of A/B benches
+#           (3 x 10 steps), model.ce_transposed false against true, both GPUs at once and swapped each
+#           round (rounds 1-2 compile into empty caches, 3-4 reuse them); then the choice for `full2`
+#           ($RES/full.args: the --set that won on both GPUs, else nothing) [all.done]
+#   stage   keep the carried proxy shards in /tmp/proxy-keep (the tree and all four shards exceed one
+#           call's carry)
+#   full2   restore the kept shards; two proxy212 runs at once (GPU 0 and GPU 1, each with empty compiler
+#           caches) with $RES/full.args [full.done]; then the 1-GPU bench on both GPUs at once and the
+#           2-GPU bench (torchrun) twice, then `bench --comm`, on the same arguments [all.done]
+#   wait S [D [LOG]]  print LOG (default q.log) until $RES/D.done exists (default all) or S seconds
+#           passed; tar the results into $OUT
+# Carry [".proxy"] without shard 4 for ab2 and stage, then [".proxy"] with shard 4 alone for full2.
+# Launch: (setsid nohup bash scripts/device/session17_queue.sh ab2 > /tmp/q-launch.log 2>&1 &)
+set -u
+source scripts/device/common.sh
+
+bytecode_on() { unset PYTHONDONTWRITEBYTECODE; export PYTHONPYCACHEPREFIX=/tmp/pycache; }
+
+bench_on() {  # bench_on GPU NAME CACHE [fresh] -- ARGS...: `speedrun bench` (3 x 10 steps) on GPU, caches CACHE
+  local gpu=$1 name=$2 cache=$3 fresh=""
+  shift 3
+  [ "${1:-}" = fresh ] && { fresh=fresh; shift; }
+  [ "${1:-}" = -- ] && shift
+  echo "$(date +%T) [gpu$gpu] ab $name (caches $cache $fresh) $*"
+  env $(caches "$cache" $fresh) CUDA_VISIBLE_DEVICES=$gpu python3 -m speedrun.cli bench --preset proxy212 \
+    --steps 10 --repeats 3 "$@" --json "$RES/ab-$name.json" > "$RES/ab-$name.log" 2>&1
+  echo "$(date +%T) [gpu$gpu] ab $name: exit $? | $(grep -E 'ms/step|peak mem|graphs|GPU clock|rror' "$RES/ab-$name.log" | tr '\n' ' ')"
+}
+
+OFF="--set model.ce_transposed=false"
+ON="--set model.ce_transposed=true"
+
+round() {  # round N GPU-FOR-COPY [fresh]: the copy arm on one GPU, the transposed arm on the other, at once
+  local c=$2 t=$(( 1 - $2 ))
+  bench_on "$c" "copy$1-gpu$c" ab-c $3 -- $OFF &
+  bench_on "$t" "transposed$1-gpu$t" ab-t $3 -- $ON &
+  wait
+}
+
+choose() {  # $RES/full.args: ON when the transposed arm's median was lower on both GPUs, else nothing
+  python3 - "$RES" "$ON" <<'PY'
+import glob, json, os, statistics, sys
+res, on = sys.argv[1], sys.argv[2]
+ms = {}
+for p in glob.glob(os.path.join(res, "ab-*-gpu*.json")):
+    arm, gpu = os.path.basename(p)[3:-5].split("-gpu")
+    ms.setdefault((arm.rstrip("0123456789"), gpu), []).append(json.load(open(p))["ms_per_step"])
+wins = []
+for gpu in ("0", "1"):
+    c, t = ms.get(("copy", gpu)), ms.get(("transposed", gpu))
+    if c and t:
+        print(f"gpu{gpu}: copy {sorted(c)} transposed {sorted(t)} -> {statistics.median(t) - statistics.median(c):+.2f} ms")
+        wins.append(statistics.median(t) < statistics.median(c))
+args = on if len(wins) == 2 and all(wins) else ""
+open(os.path.join(res, "full.args"), "w").write(args + "\n")
+print("full.args:", args or "(the default)")
+PY
+}
+
+case "${1:-}" in
+  ab2)
+    queue_start
+    bytecode_on
+    ( clocks_log clocks.csv
+      disown  # the clock log's nvidia-smi runs until the machine goes: no `wait` below waits for it
+      ( export CUDA_VISIBLE_DEVICES=0
+        (cd scripts/device && timeout 300 python3 head_fwd_gluon_bench.py "$RES/head-transposed.json") \
+          > "$RES/head-transposed.log" 2>&1
+        echo "$(date +%T) [gpu0] head bench: exit $? | $(tail -4 "$RES/head-transposed.log" | tr '\n' ' ')" ) &
+      ( export CUDA_VISIBLE_DEVICES=1
+        env -u PYTHONPYCACHEPREFIX timeout 420 python3 -m pytest -m gpu -q -s tests/test_head_gluon.py \
+          tests/test_relu2_gluon.py tests/test_head.py tests/test_softcap_ce.py > "$RES/gpu-tests-head.log" 2>&1
+        echo "$(date +%T) [gpu1] GPU tests (head, CE): $(tail -1 "$RES/gpu-tests-head.log")" ) &
+      wait
+      round 1 0 fresh
+      round 2 1
+      round 3 0
+      round 4 1
+      choose
+      touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
+  stage) stage_proxy ;;
+  full2)
+    restore_proxy
+    bytecode_on
+    TRAIN_EXTRA_FILE=$RES/full.args
+    [ -f "$TRAIN_EXTRA_FILE" ] || echo > "$TRAIN_EXTRA_FILE"
+    export TRAIN_EXTRA_FILE
+    EXTRA=$(cat "$TRAIN_EXTRA_FILE")
+    ( train 0 full-a fa fresh &
+      train 1 full-b fb fresh &
+      wait
+      summaries
+      touch "$RES/full.done"
+      bench_on 0 1gpu-gpu0 fa -- $EXTRA &
+      bench_on 1 1gpu-gpu1 fb -- $EXTRA &
+      wait
+      for name in 2gpu 2gpu-b; do
+        echo "$(date +%T) $name $EXTRA"
+        env $(caches fa) torchrun --standalone --nproc_per_node=2 -m speedrun.cli bench --preset proxy212 \
+          --steps 10 --repeats 3 $EXTRA --json "$RES/$name.json" > "$RES/$name.log" 2>&1
+        echo "$(date +%T) $name: exit $? | $(grep -E 'ms/step|peak mem|graphs|rror' "$RES/$name.log" | tr '\n' ' ')"
+      done
+      env $(caches fa) torchrun --standalone --nproc_per_node=2 -m speedrun.cli bench --preset proxy212 \
+        --steps 5 --repeats 3 --comm $EXTRA --json "$RES/comm.json" > "$RES/comm.log" 2>&1
+      echo "$(date +%T) comm: exit $? | $(grep -E 'hidden|exposed|rror' "$RES/comm.log" | head -5 | tr '\n' ' ')"
+      touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
+  wait) follow_and_collect "${2:-560}" "$RES/${3:-all}.done" "$RES/${4:-q.log}"; exit $? ;;
+  *) echo "usage: $0 ab2 | stage | full2 | wait SECONDS [DONE-NAME [LOG]]" >&2; exit 2 ;;
+esac
