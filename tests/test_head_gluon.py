@@ -23,14 +23,16 @@ def _gluon():
         pytest.skip("Triton's Gluon (Hopper) does not import here")
 
 
-@pytest.mark.parametrize("rowsum", [True, False])
-def test_compiles_for_hopper_without_spills(rowsum):
-    """Both epilogues compile for sm_90 with no local memory (spills), within the H200's 227 KB of shared
+@pytest.mark.parametrize("rowsum,cfg", [(True, {}), (False, {}), (True, {"RS_EPI_SLICES": 0}),
+                                        (True, {"RS_EPI_SLICES": 3}), (True, {"RS_EPI_SLICES": 2})])
+def test_compiles_for_hopper_without_spills(rowsum, cfg):
+    """Every epilogue (z alone; z and the row sums on the epilogue warps; the row sums on the consumer
+    warpgroups) compiles for sm_90 with no local memory (spills), within the H200's 227 KB of shared
     memory per block; 12 warps (two consumer warpgroups and the epilogue's)."""
     _gluon()
     from speedrun.relu2_gluon import resource_usage
 
-    kernel = H.compile_offline(rowsum=rowsum)
+    kernel = H.compile_offline(cfg, rowsum=rowsum)
     usage = resource_usage(kernel.asm["cubin"])
     assert usage.get("LOCAL", 0) == 0 and usage.get("STACK", 0) == 0, usage
     assert kernel.metadata.shared <= 227 * 1024, kernel.metadata.shared
@@ -77,6 +79,11 @@ def test_used_only_where_asked_and_on_hopper():
     for kernel in ("cublas", "gluon", "auto"):
         assert not head.use_gluon(x, w, kernel)  # CPU tensors: cuBLAS's path (which then falls back further)
     assert_field_validated("model.head_kernel", "gluon", "cuda")
+    assert_field_validated("model.head_rowsums", "consumers", "producer")
+    assert H.rowsum_config("consumers") == {"RS_EPI_SLICES": 0} and H.rowsum_config("epilogue") == {"RS_EPI_SLICES": 4}
+    assert H.rowsum_tiles(50304, H.rowsum_config("split")) == 394 and H.rowsum_tiles(50304) == 197
+    with pytest.raises(ValueError, match="head_rowsums"):
+        H.rowsum_config("both")
 
 
 # --------------------------------------------------------------------------- GPU
@@ -99,24 +106,27 @@ def _operands(m, k, n, seed):
     return x_f8, w_f8, sa, sb
 
 
-def _assert_rowsums_close(rs, z, rows=4096):
+def _assert_rowsums_close(rs, z, cfg=None, rows=4096):
     for i in range(0, z.shape[0], rows):
-        ref = H.rowsums_reference(z[i:i + rows], 30.0)
+        ref = H.rowsums_reference(z[i:i + rows], 30.0, cfg)
         torch.testing.assert_close(rs[i:i + rows].double(), ref, rtol=2e-6, atol=0.0)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("epi_slices", [4, 0, 2, 3])
 @pytest.mark.parametrize("M,K,N", [(49152, 768, 50304), (1000, 256, 392), (300, 208, 520), (77, 64, 264)])
-def test_gpu_z_is_cublas_and_rowsums_are_float64s(cuda, M, K, N):
+def test_gpu_z_is_cublas_and_rowsums_are_float64s(cuda, M, K, N, epi_slices):
     """z bit for bit cuBLAS's FP8 product (at shapes it takes) or, elsewhere, within one bfloat16 rounding
     of the float32 product of the same fp8 values; nothing written past z's end; the row sums within
-    float32 summation error of float64's, the padded columns of the last tile left out."""
+    float32 summation error of float64's, the padded columns of the last tile left out. The row sums on
+    the epilogue warps (4 slices), the consumer warpgroups (0; over 1, 2 and 6 k-steps) or split (2, 3)."""
     _hopper(cuda)
     x_f8, w_f8, sa, sb = _operands(M, K, N, seed=M)
     guard = torch.full(((M + 64) * N,), float("nan"), device="cuda", dtype=torch.bfloat16)
     z = guard[:M * N].view(M, N)
-    rs = torch.full((M, H.rowsum_tiles(N)), float("nan"), device="cuda")
-    H.launch(x_f8, w_f8, sa * sb, z, rs)
+    cfg = {"RS_EPI_SLICES": epi_slices}
+    rs = torch.full((M, H.rowsum_tiles(N, cfg)), float("nan"), device="cuda")
+    H.launch(x_f8, w_f8, sa * sb, z, rs, cfg=cfg)
     assert guard[M * N:].isnan().all()
     if N % 16 == 0:
         ref = torch._scaled_mm(x_f8, w_f8.T, out_dtype=torch.bfloat16, scale_a=sa, scale_b=sb, use_fast_accum=True)
@@ -125,7 +135,7 @@ def test_gpu_z_is_cublas_and_rowsums_are_float64s(cuda, M, K, N):
     else:
         ref = (x_f8.float() @ w_f8.float().T * (sa * sb)).bfloat16()
         torch.testing.assert_close(z.float(), ref.float(), rtol=2.0**-7, atol=1e-3)
-    _assert_rowsums_close(rs, z)
+    _assert_rowsums_close(rs, z, cfg)
     z2 = torch.empty_like(z)
     H.launch(x_f8, w_f8, sa * sb, z2)  # without the row sums: the same z
     assert torch.equal(z2.view(torch.int16), z.view(torch.int16))
@@ -143,48 +153,51 @@ def test_gpu_fused_head_gluon_matches_cublas_path(cuda):
     w = torch.randn(M, K, generator=g, device="cuda") * 0.02
     t = torch.randint(0, 50257, (N,), generator=g, device="cuda")
 
-    def loss_fn(x, w, t, kernel):
-        return head.head_loss(x, w, t, 30.0, "sigmoid", "triton", True, "lean", kernel) / N
+    def loss_fn(x, w, t, kernel, rowsums):
+        return head.head_loss(x, w, t, 30.0, "sigmoid", "triton", True, "lean", kernel, False, rowsums) / N
 
     results = {}
-    for kernel in ("cublas", "gluon"):
+    runs = (("cublas", "epilogue"), ("gluon", "epilogue"), ("gluon", "consumers"), ("gluon", "split"))
+    for kernel, rowsums in runs:
         xi, wi = x.clone().requires_grad_(), w.clone().requires_grad_()
-        loss = torch.compile(loss_fn, fullgraph=True)(xi, wi, t, kernel)
-        results[kernel] = (loss.detach(), *torch.autograd.grad(loss, (xi, wi)))
-    (lc, cx, cw), (lg, gx, gw) = results["cublas"], results["gluon"]
+        loss = torch.compile(loss_fn, fullgraph=True)(xi, wi, t, kernel, rowsums)
+        results[kernel, rowsums] = (loss.detach(), *torch.autograd.grad(loss, (xi, wi)))
     rel = lambda a, b: ((a.float() - b.float()).norm() / b.float().norm()).item()  # noqa: E731
-    print("gluon vs cublas: loss", (lg - lc).abs().item(), "grad_x rel", rel(gx, cx), "grad_w rel", rel(gw, cw))
-    assert abs(lg.item() - lc.item()) / lc.item() < 1e-6
-    assert rel(gx, cx) < 1e-3 and rel(gw, cw) < 1e-3
+    lc, cx, cw = results[runs[0]]
+    for run in runs[1:]:
+        lg, gx, gw = results[run]
+        print(run, "vs cublas: loss", (lg - lc).abs().item(), "grad_x rel", rel(gx, cx), "grad_w rel", rel(gw, cw))
+        assert abs(lg.item() - lc.item()) / lc.item() < 1e-6
+        assert rel(gx, cx) < 1e-3 and rel(gw, cw) < 1e-3
     with torch.no_grad():
-        g8c = torch.ops.speedrun.fp8_softcap_ce(x, w, t, 30.0, "sigmoid", head.x_scale(K), 2.0**-9, 1 / 448,
-                                                True, "lean", "cublas")[1]
-        g8g = torch.ops.speedrun.fp8_softcap_ce(x, w, t, 30.0, "sigmoid", head.x_scale(K), 2.0**-9, 1 / 448,
-                                                True, "lean", "gluon")[1]
-        differ = sum((g8c[i:i + 4096].view(torch.uint8) != g8g[i:i + 4096].view(torch.uint8)).sum().item()
-                     for i in range(0, N, 4096))
-    print("e5m2 gradient bytes differing:", differ / g8c.numel())
-    assert differ / g8c.numel() < 1e-4
+        g8 = [torch.ops.speedrun.fp8_softcap_ce(x, w, t, 30.0, "sigmoid", head.x_scale(K), 2.0**-9, 1 / 448,
+                                                True, "lean", kernel, False, rowsums)[1] for kernel, rowsums in runs]
+        for g8g in g8[1:]:
+            differ = sum((g8[0][i:i + 4096].view(torch.uint8) != g8g[i:i + 4096].view(torch.uint8)).sum().item()
+                         for i in range(0, N, 4096))
+            print("e5m2 gradient bytes differing:", differ / g8g.numel())
+            assert differ / g8g.numel() < 1e-4
 
 
 def test_model_passes_its_head_settings(monkeypatch):
-    """model.head_kernel and model.ce_transposed travel from the config to head.head_loss."""
+    """model.head_kernel, model.ce_transposed and model.head_rowsums travel from the config to head.head_loss."""
     from speedrun import model as model_module
     from speedrun.config import apply_overrides
     from speedrun.presets import demo
 
     seen = {}
 
-    def head_loss(x, w, targets, cap, form, ce_impl, use_fp8, ce_math, head_kernel, ce_transposed):
-        seen.update(head_kernel=head_kernel, ce_transposed=ce_transposed)
+    def head_loss(x, w, targets, cap, form, ce_impl, use_fp8, ce_math, head_kernel, ce_transposed, head_rowsums):
+        seen.update(head_kernel=head_kernel, ce_transposed=ce_transposed, head_rowsums=head_rowsums)
         return x.float().sum() * 0.0
 
     monkeypatch.setattr(model_module.head_ops, "head_loss", head_loss)
     cfg = demo()
     apply_overrides(cfg, ["model.num_layers=2", "model.value_embeds=1", "model.model_dim=64", "model.num_heads=2",
                           "model.head_dim=32", "model.mlp_hidden=128", "model.long_layers=0", "model.vocab_size=500",
-                          "model.head_kernel=cublas", "model.ce_transposed=true"])
+                          "model.head_kernel=cublas", "model.ce_transposed=true",
+                          "model.head_rowsums=consumers"])
     model = model_module.GPT(cfg.model, cfg.attention)
     tok = torch.randint(0, 500, (128,))
     model(tok, torch.roll(tok, -1), torch.tensor(2))
-    assert seen == {"head_kernel": "cublas", "ce_transposed": True}
+    assert seen == {"head_kernel": "cublas", "ce_transposed": True, "head_rowsums": "consumers"}

@@ -38,13 +38,22 @@ def _tool(name):
     return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
 
 
+def _ptxas() -> str:
+    """The ptxas Triton compiles sm_90 with (Triton 3.9 has two; get_ptxas(arch) picks), else the bundled one."""
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas
+        return get_ptxas(90).path
+    except (ImportError, TypeError, AttributeError):
+        return _tool("ptxas")
+
+
 def ptxas_report(ptx: str) -> str:
     """ptxas -v's summary lines for this PTX (the flags Triton uses for sm_90a)."""
     with tempfile.TemporaryDirectory() as d:
         src = os.path.join(d, "k.ptx")
         with open(src, "w") as f:
             f.write(ptx)
-        run = subprocess.run([_tool("ptxas"), "-lineinfo", "-v", "--gpu-name=sm_90a", src, "-o", src + ".o"],
+        run = subprocess.run([_ptxas(), "-lineinfo", "-v", "--gpu-name=sm_90a", src, "-o", src + ".o"],
                              capture_output=True, text=True, check=True)
     return " | ".join(line.strip() for line in run.stderr.splitlines()
                       if "spill" in line or "Used" in line or "C75" in line)

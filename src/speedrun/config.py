@@ -73,8 +73,17 @@ class ModelConfig:
     # The fused head's CE also writes the e5m2 gradient transposed (softcap_ce.launch_transposed: its gradient
     # pass over tiles that store both layouts), so the backward's grad_w product needs no transposed copy
     # (transpose.py, ~1.3 ms a 49,152-token micro-step on an H200). The same bytes up to the CE's pairing
-    # of reciprocals. Off until measured on a GPU.
+    # of reciprocals. Off: measured slower (seventeenth session: 3.02-4.33 ms against 3.06 for the CE kernel
+    # plus the copy, docs/performance.md).
     ce_transposed: bool = False
+    # Which warps of the Gluon head kernel compute the CE's row sums (head_gluon.py) from a tile's four
+    # 64-column slices: "epilogue" (its 4-warp epilogue partition, beside the TMA stores of z) | "consumers"
+    # (the two wgmma warpgroups, between issuing one k-step's wgmma and waiting for the last, on the
+    # previous tile's z read back from shared memory) | "split" (two slices each, two partial sums a
+    # tile). The same sums up to the order of float32 additions. Seventeenth session (docs/benchmarks.md):
+    # the kernel alone 4,772 us (epilogue), 4,797 (consumers), 4,116 (split) on one H200; the step with
+    # "split" not yet measured (three-and-one slices: 616.2 / 618.1 against 616.3 / 616.4 ms/step).
+    head_rowsums: str = "epilogue"
     # The attention's inputs (QK RMS-norm + rotary, value mixing; attn_inputs.py): "torch" (the model's
     # operations, compiled by Inductor) | "triton" (one kernel launch each way for q, k and v, the
     # projection's whole gradient written in place) | "auto" (triton on CUDA when installed). Same math as
@@ -396,6 +405,8 @@ def validate(cfg: RunConfig, world_size: int = 1) -> None:
          f"must be precise, tanh_approx or lean, got {m.ce_math!r}"),
         (m.head_kernel in ("cublas", "gluon", "auto"), "model.head_kernel",
          f"must be cublas, gluon or auto, got {m.head_kernel!r}"),
+        (m.head_rowsums in ("epilogue", "split", "consumers"), "model.head_rowsums",
+         f"must be epilogue, split or consumers, got {m.head_rowsums!r}"),
         (m.qk_kernel in ("torch", "triton", "auto"), "model.qk_kernel",
          f"must be torch, triton or auto, got {m.qk_kernel!r}"),
         (m.mlp_kernel in ("torch", "triton", "auto"), "model.mlp_kernel",

@@ -50,11 +50,13 @@ def x_scale(dim: int) -> float:
 
 
 def head_loss(x: Tensor, w: Tensor, targets: Tensor, cap: float, form: str, ce_impl: str, use_fp8: bool,
-              ce_math: str = "precise", head_kernel: str = "cublas", ce_transposed: bool = False) -> Tensor:
+              ce_math: str = "precise", head_kernel: str = "cublas", ce_transposed: bool = False,
+              head_rowsums: str = "epilogue") -> Tensor:
     """sum over tokens of CE(softcap(x @ w^T), targets), a float32 scalar; x (..., K), w (M, K);
     ce_math: the CE kernel's sigmoid (`softcap_ce.MATHS`); head_kernel: the fused op's forward product
     ("cublas", "gluon" or "auto": `use_gluon`); ce_transposed: the CE writes the transposed gradient
-    too (`transposed_applies`)."""
+    too (`transposed_applies`); head_rowsums: which warps of the Gluon kernel sum the CE's first pass
+    ("epilogue", "split" or "consumers": `head_gluon.rowsum_config`)."""
     if not fused_available(use_fp8, x, ce_impl):
         z = fp8.head_matmul(x, w, use_fp8)
         return softcap_ce.softcap_cross_entropy(z, targets, cap, form, ce_impl, ce_math)
@@ -65,7 +67,7 @@ def head_loss(x: Tensor, w: Tensor, targets: Tensor, cap: float, form: str, ce_i
     want_grad = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)
     return torch.ops.speedrun.fp8_softcap_ce(
         flat, w.contiguous(), targets.reshape(-1), float(cap), form, x_s, fp8.W_SCALE, fp8.GRAD_SCALE, want_grad,
-        ce_math, head_kernel, ce_transposed)[0]
+        ce_math, head_kernel, ce_transposed, head_rowsums)[0]
 
 
 def use_gluon(x: Tensor, w: Tensor, head_kernel: str) -> bool:
@@ -80,17 +82,18 @@ def use_gluon(x: Tensor, w: Tensor, head_kernel: str) -> bool:
 
 
 def _forward(x: Tensor, w: Tensor, cap: float, form: str, x_s: float, w_s: float, grad_mul: float, ce_math: str,
-             head_kernel: str) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+             head_kernel: str, head_rowsums: str = "epilogue") -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """z, the FP8 operands, and the CE kernel's row sums where the Gluon kernel wrote them (None: the
     CE kernel makes its own first pass). cuBLAS's product where the Gluon kernel is not used or fails."""
     if use_gluon(x, w, head_kernel):
         x_f8, w_f8 = fp8._compiled(fp8.quantize, x)(x, w, x_s, w_s)
         z = x.new_empty((x.shape[0], w.shape[0]), dtype=torch.bfloat16)
         rowsums = None
+        cfg = head_gluon.rowsum_config(head_rowsums)
         if softcap_ce.lean_applies(form, cap, ce_math, grad_mul):
-            rowsums = x.new_empty((x.shape[0], head_gluon.rowsum_tiles(w.shape[0])), dtype=torch.float32)
+            rowsums = x.new_empty((x.shape[0], head_gluon.rowsum_tiles(w.shape[0], cfg)), dtype=torch.float32)
         scale = fp8._scale(x, x_s) * fp8._scale(x, w_s)  # float32, as cuBLAS's scale_a * scale_b
-        if head_gluon.try_launch(x_f8, w_f8, scale, z, rowsums, cap):
+        if head_gluon.try_launch(x_f8, w_f8, scale, z, rowsums, cap, cfg=cfg):
             return z, x_f8, w_f8, rowsums
     elif head_kernel == "gluon" and x.is_cuda:
         warnings.warn("head_kernel 'gluon' needs a capability-9.0 GPU, Triton's Gluon and K % 16 == 0, "
@@ -108,11 +111,12 @@ def transposed_applies(want_grad: bool, cap: float, form: str, ce_math: str, gra
 def fp8_softcap_ce(
     x: Tensor, w: Tensor, targets: Tensor, cap: float, form: str, x_s: float, w_s: float, grad_s: float,
     want_grad: bool, ce_math: str = "precise", head_kernel: str = "cublas", ce_transposed: bool = False,
+    head_rowsums: str = "epilogue",
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """The summed loss (0-d float32), dL/dz / grad_s (N, M) in float8_e5m2 ((0,) without want_grad),
     the FP8 operands of the product, and the gradient transposed (M, N) where `transposed_applies`
     ((0,) elsewhere: the backward then makes its own transposed copy)."""
-    z, x_f8, w_f8, rowsums = _forward(x, w, cap, form, x_s, w_s, 1.0 / grad_s, ce_math, head_kernel)
+    z, x_f8, w_f8, rowsums = _forward(x, w, cap, form, x_s, w_s, 1.0 / grad_s, ce_math, head_kernel, head_rowsums)
     if transposed_applies(want_grad, cap, form, ce_math, grad_s, ce_transposed):
         losses, g_f8, g_f8_t = softcap_ce.launch_transposed(z, targets, cap, torch.float8_e5m2, 1.0 / grad_s, rowsums)
     else:
@@ -124,7 +128,7 @@ def fp8_softcap_ce(
 
 @fp8_softcap_ce.register_fake
 def _(x, w, targets, cap, form, x_s, w_s, grad_s, want_grad, ce_math="precise", head_kernel="cublas",
-      ce_transposed=False):
+      ce_transposed=False, head_rowsums="epilogue"):
     N, M = x.shape[0], w.shape[0]
     loss = x.new_empty((), dtype=torch.float32)
     g_f8 = x.new_empty((N, M) if want_grad else (0,), dtype=torch.float8_e5m2)
@@ -146,7 +150,7 @@ def _backward(ctx, g_loss, *_):
         raise RuntimeError("fp8_softcap_ce: the forward ran without a gradient (no grad mode or no input required grad)")
     g_f8, x_f8, w_f8, g_f8_t = ctx.saved_tensors
     grad_x, grad_w = torch.ops.speedrun.fp8_mm_backward_prequantized(g_f8, g_loss, x_f8, w_f8, *ctx.scales, g_f8_t)
-    return (grad_x, grad_w) + (None,) * 10  # targets ... ce_transposed
+    return (grad_x, grad_w) + (None,) * 11  # targets ... head_rowsums
 
 
 fp8_softcap_ce.register_autograd(_backward, setup_context=_setup_context)

@@ -370,7 +370,7 @@ class GPT(nn.Module):
         cfg = self.cfg
         return head_ops.head_loss(
             x, self.head_weight, targets, cfg.logit_softcap, cfg.softcap_form, cfg.ce_kernel, self.use_fp8,
-            cfg.ce_math, cfg.head_kernel, cfg.ce_transposed,
+            cfg.ce_math, cfg.head_kernel, cfg.ce_transposed, cfg.head_rowsums,
         )
 
     def eval_loss(self, x: Tensor, targets: Tensor, chunk: int = EVAL_CHUNK) -> Tensor:

@@ -119,7 +119,7 @@ def warm_head(model, cfg, device: torch.device) -> None:
         _, grad, x_f8, w_f8, grad_t = torch.ops.speedrun.fp8_softcap_ce(
             x, w.contiguous(), targets, float(cfg.model.logit_softcap), form,
             head.x_scale(x.shape[-1]), fp8.W_SCALE, fp8.GRAD_SCALE, True, cfg.model.ce_math, cfg.model.head_kernel,
-            cfg.model.ce_transposed)
+            cfg.model.ce_transposed, cfg.model.head_rowsums)
         upstream = torch.full((), 1.0 / cfg.train.batch_seqs, device=device)
         scales = (head.x_scale(x.shape[-1]), fp8.W_SCALE, fp8.GRAD_SCALE)
         torch.ops.speedrun.fp8_mm_backward_prequantized(grad, upstream, x_f8, w_f8, *scales, grad_t)
