@@ -128,3 +128,17 @@ strict_cold() {  # GPU 0: 20 proxy212 steps, empty compiler caches, no bytecode 
     python3 -m speedrun.train "${ARGS[@]}" --steps 20 --out /tmp/runs/strict-cold > "$RES/strict-cold.log" 2>&1
   echo "[gpu0] $(date +%T) strict: exit $? | $(grep -E 'cold start' "$RES/strict-cold.log" | head -2 | tr '\n' ' ')"
 }
+
+bytecode_on() { unset PYTHONDONTWRITEBYTECODE; export PYTHONPYCACHEPREFIX=/tmp/pycache; }
+
+ab_on() {  # ab_on GPU NAME CACHE [fresh] -- ARGS...: `speedrun bench` (3 x 10 steps) on GPU with the caches
+  # CACHE, extra arguments appended; JSON and log in $RES/ab-NAME.*
+  local gpu=$1 name=$2 cache=$3 fresh=""
+  shift 3
+  [ "${1:-}" = fresh ] && { fresh=fresh; shift; }
+  [ "${1:-}" = -- ] && shift
+  echo "$(date +%T) [gpu$gpu] ab $name (caches $cache $fresh) $*"
+  env $(caches "$cache" $fresh) CUDA_VISIBLE_DEVICES=$gpu python3 -m speedrun.cli bench --preset proxy212 \
+    --steps 10 --repeats 3 "$@" --json "$RES/ab-$name.json" > "$RES/ab-$name.log" 2>&1
+  echo "$(date +%T) [gpu$gpu] ab $name: exit $? | $(grep -E 'ms/step|peak mem|graphs|GPU clock|rror' "$RES/ab-$name.log" | tr '\n' ' ')"
+}

@@ -19,19 +19,6 @@
 set -u
 source scripts/device/common.sh
 
-bytecode_on() { unset PYTHONDONTWRITEBYTECODE; export PYTHONPYCACHEPREFIX=/tmp/pycache; }
-
-ab_on() {  # ab_on GPU NAME CACHE [fresh] -- ARGS...: one bench (3 x 10 steps) on GPU with the caches CACHE
-  local gpu=$1 name=$2 cache=$3 fresh=""
-  shift 3
-  [ "${1:-}" = fresh ] && { fresh=fresh; shift; }
-  [ "${1:-}" = -- ] && shift
-  echo "$(date +%T) [gpu$gpu] ab $name (caches $cache $fresh) $*"
-  env $(caches "$cache" $fresh) CUDA_VISIBLE_DEVICES=$gpu python3 -m speedrun.cli bench --preset proxy212 \
-    --steps 10 --repeats 3 "$@" --json "$RES/ab-$name.json" > "$RES/ab-$name.log" 2>&1
-  echo "$(date +%T) [gpu$gpu] ab $name: exit $? | $(grep -E 'ms/step|peak mem|graphs|rror' "$RES/ab-$name.log" | tr '\n' ' ')"
-}
-
 embed_micro() {  # GPU 1: the embeddings GPU test and micro-benchmark (no bytecode written either)
   export PYTHONDONTWRITEBYTECODE=1 CUDA_VISIBLE_DEVICES=1
   python3 -m pytest -m gpu -q tests/test_embeddings.py > "$RES/gpu-tests.log" 2>&1

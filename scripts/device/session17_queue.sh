@@ -14,8 +14,10 @@
 #           (model.head_rowsums=consumers): GPU 0 the head bench (its RS_MODE 2 rows) while GPU 1 runs the GPU
 #           tests as in ab2; two rounds of A/B benches (epilogue against consumers, swapped between the
 #           GPUs); the choice for fullonly [all.done]
-#   split   as consumers, for model.head_rowsums=split (three slices on the epilogue warps, one on the
-#           consumers; written after the consumers mode lost in the kernel bench)
+#   split   as consumers, for model.head_rowsums=split (written after the consumers mode lost in the kernel
+#           bench; ran as split1 with three slices on the epilogue warps and one on the consumers; `split`
+#           is two and two since, the fastest kernel, its step not yet measured: split1 is the next session's
+#           first run)
 #   split1  split's measurements on a one-GPU machine: the head bench, the Gluon head's GPU tests, then
 #           A/B/A/B benches of epilogue against split on one shared compiler cache
 #   fullonly  restore the kept shards; two proxy212 runs at once with $RES/full.args (GPU 0 and GPU 1, on
@@ -26,19 +28,6 @@
 # Launch: (setsid nohup bash scripts/device/session17_queue.sh ab2 > /tmp/q-launch.log 2>&1 &)
 set -u
 source scripts/device/common.sh
-
-bytecode_on() { unset PYTHONDONTWRITEBYTECODE; export PYTHONPYCACHEPREFIX=/tmp/pycache; }
-
-bench_on() {  # bench_on GPU NAME CACHE [fresh] -- ARGS...: `speedrun bench` (3 x 10 steps) on GPU, caches CACHE
-  local gpu=$1 name=$2 cache=$3 fresh=""
-  shift 3
-  [ "${1:-}" = fresh ] && { fresh=fresh; shift; }
-  [ "${1:-}" = -- ] && shift
-  echo "$(date +%T) [gpu$gpu] ab $name (caches $cache $fresh) $*"
-  env $(caches "$cache" $fresh) CUDA_VISIBLE_DEVICES=$gpu python3 -m speedrun.cli bench --preset proxy212 \
-    --steps 10 --repeats 3 "$@" --json "$RES/ab-$name.json" > "$RES/ab-$name.log" 2>&1
-  echo "$(date +%T) [gpu$gpu] ab $name: exit $? | $(grep -E 'ms/step|peak mem|graphs|GPU clock|rror' "$RES/ab-$name.log" | tr '\n' ' ')"
-}
 
 # The A/B arms: A the default's way, B the candidate's (ab2: the CE's transposed gradient; consumers: the
 # head kernel's row sums on its consumer warpgroups)
@@ -54,8 +43,8 @@ fi
 
 round() {  # round N GPU-FOR-A [fresh]: arm A on one GPU, arm B on the other, at once
   local a=$2 b=$(( 1 - $2 ))
-  bench_on "$a" "$A$1-gpu$a" "ab-$A" ${3:-} -- $A_ARGS &
-  bench_on "$b" "$B$1-gpu$b" "ab-$B" ${3:-} -- $B_ARGS &
+  ab_on "$a" "$A$1-gpu$a" "ab-$A" ${3:-} -- $A_ARGS &
+  ab_on "$b" "$B$1-gpu$b" "ab-$B" ${3:-} -- $B_ARGS &
   wait
 }
 
@@ -77,6 +66,11 @@ args = b_args if len(wins) == 2 and all(wins) else ""
 open(os.path.join(res, "full.args"), "w").write(args + "\n")
 print("full.args:", args or "(the default)")
 PY
+}
+
+extra_args_file() {  # the runs' extra arguments: $RES/full.args (choose's), empty where none was written
+  export TRAIN_EXTRA_FILE=$RES/full.args
+  [ -f "$TRAIN_EXTRA_FILE" ] || echo > "$TRAIN_EXTRA_FILE"
 }
 
 gluon_tests() {  # gluon_tests GPU: the head's, both Gluon kernels' and the CE kernel's GPU tests on GPU
@@ -138,9 +132,7 @@ case "${1:-}" in
   fullonly)
     restore_proxy
     bytecode_on
-    TRAIN_EXTRA_FILE=$RES/full.args
-    [ -f "$TRAIN_EXTRA_FILE" ] || echo > "$TRAIN_EXTRA_FILE"
-    export TRAIN_EXTRA_FILE
+    extra_args_file
     ( train 0 full-a "ab-$B" &
       train 1 full-b "ab-$B" &
       wait
@@ -150,17 +142,15 @@ case "${1:-}" in
   full2)
     restore_proxy
     bytecode_on
-    TRAIN_EXTRA_FILE=$RES/full.args
-    [ -f "$TRAIN_EXTRA_FILE" ] || echo > "$TRAIN_EXTRA_FILE"
-    export TRAIN_EXTRA_FILE
+    extra_args_file
     EXTRA=$(cat "$TRAIN_EXTRA_FILE")
     ( train 0 full-a fa fresh &
       train 1 full-b fb fresh &
       wait
       summaries
       touch "$RES/full.done"
-      bench_on 0 1gpu-gpu0 fa -- $EXTRA &
-      bench_on 1 1gpu-gpu1 fb -- $EXTRA &
+      ab_on 0 1gpu-gpu0 fa -- $EXTRA &
+      ab_on 1 1gpu-gpu1 fb -- $EXTRA &
       wait
       for name in 2gpu 2gpu-b; do
         echo "$(date +%T) $name $EXTRA"
