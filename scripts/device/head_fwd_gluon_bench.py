@@ -34,6 +34,7 @@ VARIANTS = {  # name: (CONFIG overrides, row sums)
     "rowsum_consumers": ({"RS_EPI_SLICES": 0}, True),
     "rowsum_split3": ({"RS_EPI_SLICES": 3}, True),
     "rowsum_split2": ({"RS_EPI_SLICES": 2}, True),
+    "rowsum_split1": ({"RS_EPI_SLICES": 1}, True),
 }  # the sixteenth session also ran POLY 1 and GROUP_M 8-64 (head_gluon's CONFIG comment)
 
 
