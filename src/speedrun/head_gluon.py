@@ -18,7 +18,8 @@ row, 2^(c log2e (s - 1)) with s = sigmoid(z / 7.5) over the whole vocabulary; th
 bounds s, so the sum needs no running max and splits into independent per-tile sums. With ROWSUM the
 epilogue partition computes those sums for its tile from the bf16 z still in shared memory (the bits
 the CE kernel would load), with the lean kernel's per-element math (one reciprocal for two
-sigmoids, a share of the exponentials by the same FMA polynomial), and writes one float32 per row and
+sigmoids; every exponential on the special-function unit: the CE kernel's FMA polynomial for a share
+of them was measured here and lost, POLY below), and writes one float32 per row and
 column tile into `rowsums` (M, cdiv(N, 256)). The CE kernel then skips its first pass and a whole read
 of z (`softcap_ce.launch(..., rowsums=...)`). The epilogue's special-function and FMA work runs
 on warps that do no tensor-core work. Padded columns beyond N (zero-filled operands) are masked out
@@ -45,12 +46,13 @@ import torch
 from torch import Tensor
 
 from speedrun import relu2_gluon
-from speedrun.softcap_ce import EXP2_POLY, SIGMOID_TEMPERATURE
+from speedrun.softcap_ce import SIGMOID_TEMPERATURE
 
 # MAXNREG: registers a thread at launch (12 warps x 32 x 168 <= 65,536); EPI_REGS: the epilogue warpgroup's
 # after setmaxnreg (152-168 spill). GROUP_M: row blocks walked together (L2 reuse of x's rows). BLOCK_K 128 =
-# one 128-byte fp8 row, the 128-byte swizzle. POLY: 1 takes the b columns' softmax exponentials by the FMA
-# polynomial (fewer special-function operations, more instructions). Measured on H200s at the record's shape
+# one 128-byte fp8 row, the 128-byte swizzle. POLY 1 (removed in the seventeenth session) took the b columns'
+# softmax exponentials by the CE kernel's FMA polynomial (fewer special-function operations, more
+# instructions) and lost: the epilogue is bound by issue. Measured on H200s at the record's shape
 # (sixteenth session, docs/benchmarks.md), z alone: GROUP_M 8 3,888 us, 32 3,486 (cuBLAS 3,580); SUB_N 128
 # 3,824; EPI_REGS 40 3,663; BLOCK_K 64 with 6 stages 4,545. With the row sums (machine B, z alone 3,472,
 # cuBLAS 3,733): POLY 1 5,216 us, POLY 0 4,486; with POLY 1, GROUP_M 16 5,141, 32 5,216, 64 5,248. Machine C
@@ -58,16 +60,15 @@ from speedrun.softcap_ce import EXP2_POLY, SIGMOID_TEMPERATURE
 # tile whose row sums the epilogue warps take (4: all; 0: all on the consumers, whose epilogue then keeps
 # EPI_REGS_2 registers). Seventeenth session (z alone 3,521): 4 4,772 us, 0 4,797, 3 4,728, 2 4,116.
 CONFIG = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "SUB_N": 64, "GROUP_M": 16, "STAGES": 3,
-          "EPI_WARPS": 4, "EPI_REGS": 128, "MAXNREG": 168, "STORE": True, "POLY": 0,
+          "EPI_WARPS": 4, "EPI_REGS": 128, "MAXNREG": 168, "STORE": True,
           "RS_EPI_SLICES": 4, "EPI_REGS_2": 40}
 NUM_WARPS = 8  # the consumer (default) partition: two warpgroups
 
 _KERNEL = None
 gluon = gl = tma = mbarrier = tma_store = None
 _tile_origin = _shared_state = _mma_partition = None
-_rcp_approx = _exp2_poly = _tile_rowsum = _epilogue = _slice_terms = _slices_at = _mma_rowsum_partition = None
+_rcp_approx = _tile_rowsum = _epilogue = _slice_terms = _slices_at = _mma_rowsum_partition = None
 _issue_load = warpgroup_mma = warpgroup_mma_wait = fence_async_shared = None
-_Q1 = _Q2 = _Q3 = _Q4 = _Q5 = None  # EXP2_POLY as Gluon constexprs, set with the kernel
 
 
 def config(cfg: dict | None = None) -> dict:
@@ -115,8 +116,8 @@ def _build():
     and the consumer partition (SCALED: bf16(acc * scale)) are `relu2_gluon`'s and resolve their names
     in its globals; the jit functions below find theirs in this module's."""
     global _KERNEL, gluon, gl, tma, mbarrier, tma_store, _tile_origin, _shared_state, _mma_partition
-    global _rcp_approx, _exp2_poly, _tile_rowsum, _epilogue, _slice_terms, _slices_at, _mma_rowsum_partition
-    global _issue_load, warpgroup_mma, warpgroup_mma_wait, fence_async_shared, _Q1, _Q2, _Q3, _Q4, _Q5
+    global _rcp_approx, _tile_rowsum, _epilogue, _slice_terms, _slices_at, _mma_rowsum_partition
+    global _issue_load, warpgroup_mma, warpgroup_mma_wait, fence_async_shared
     if _KERNEL is not None:
         return _KERNEL
     relu2_gluon._build()
@@ -126,7 +127,6 @@ def _build():
                                                    relu2_gluon._mma_partition)
     _issue_load, fence_async_shared = relu2_gluon._issue_load, relu2_gluon.fence_async_shared
     warpgroup_mma, warpgroup_mma_wait = relu2_gluon.warpgroup_mma, relu2_gluon.warpgroup_mma_wait
-    _Q1, _Q2, _Q3, _Q4, _Q5 = (gl.constexpr(c) for c in EXP2_POLY)
 
     @gluon.jit
     def _rcp_approx(x):
@@ -135,25 +135,12 @@ def _build():
                                          is_pure=True, pack=1)
 
     @gluon.jit
-    def _exp2_poly(x):
-        """2^x on the FMA units: softcap_ce's `_exp2_poly`, the same operations in the same order."""
-        t = x + 12582912.0
-        f = x - (t - 12582912.0)
-        p = f * _Q5 + _Q4
-        p = p * f + _Q3
-        p = p * f + _Q2
-        p = p * f + _Q1
-        p = p * f + 1.0
-        bits = p.to(gl.int32, bitcast=True) + (t.to(gl.int32, bitcast=True) << 23)
-        return bits.to(gl.float32, bitcast=True)
-
-    @gluon.jit
     def _slice_terms(e_buf, j: gl.constexpr, SUB: gl.constexpr, off_n, N, cap2, k, layout: gl.constexpr,
-                     MASKED: gl.constexpr, POLY: gl.constexpr):
+                     MASKED: gl.constexpr):
         """The lean CE kernel's first-pass terms 2^(cap2 s - cap2), s = sigmoid(z / 7.5) (k = -log2e / 7.5),
         of the buffer's columns [j SUB, (j + 1) SUB), summed in pairs: the slice is loaded once and split
-        into its even (a) and odd (b) columns, a pair sharing one reciprocal; the b exponentials take the
-        polynomial when POLY >= 1. MASKED: columns at or past N add 0. (BM, SUB / 2) float32."""
+        into its even (a) and odd (b) columns, a pair sharing one reciprocal. MASKED: columns at or past N
+        add 0. (BM, SUB / 2) float32."""
         BM: gl.constexpr = e_buf.shape[0]
         z = e_buf.slice(j * SUB, SUB, 1).load(layout).to(gl.float32)
         za, zb = gl.split(gl.reshape(z, [BM, SUB // 2, 2]))
@@ -161,10 +148,7 @@ def _build():
         db = 1.0 + gl.exp2(gl.minimum(zb * k, 63.0))
         r = _rcp_approx(da * db)
         ea = gl.exp2(cap2 * (db * r) - cap2)
-        if POLY >= 1:
-            eb = _exp2_poly(cap2 * (da * r) - cap2)
-        else:
-            eb = gl.exp2(cap2 * (da * r) - cap2)
+        eb = gl.exp2(cap2 * (da * r) - cap2)
         if MASKED:
             cols = off_n + j * SUB + gl.arange(0, SUB, layout=gl.SliceLayout(0, layout))
             ok_a, ok_b = gl.split(gl.reshape(gl.zeros([BM, SUB], gl.int32, layout) + cols[None, :], [BM, SUB // 2, 2]))
@@ -173,21 +157,21 @@ def _build():
         return ea + eb
 
     @gluon.jit
-    def _tile_rowsum(e_buf, off_n, N, cap2, k, MASKED: gl.constexpr, POLY: gl.constexpr,
+    def _tile_rowsum(e_buf, off_n, N, cap2, k, MASKED: gl.constexpr,
                      EPI_WARPS: gl.constexpr, J1: gl.constexpr):
         """Per row of the buffer's bf16 tile: the sum of `_slice_terms` over its first J1 64-column slices."""
         SUB: gl.constexpr = 64
         layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [EPI_WARPS, 1], [1, 0])
         for j in gl.static_range(J1):
             if j == 0:
-                acc = _slice_terms(e_buf, j, SUB, off_n, N, cap2, k, layout, MASKED, POLY)
+                acc = _slice_terms(e_buf, j, SUB, off_n, N, cap2, k, layout, MASKED)
             else:
-                acc += _slice_terms(e_buf, j, SUB, off_n, N, cap2, k, layout, MASKED, POLY)
+                acc += _slice_terms(e_buf, j, SUB, off_n, N, cap2, k, layout, MASKED)
         return gl.sum(acc, axis=1)
 
     @gluon.jit
     def _slices_at(e_buf, ks: gl.constexpr, K_STEPS: gl.constexpr, J0: gl.constexpr, rsum, off_n, N, cap2, k,
-                   layout: gl.constexpr, POLY: gl.constexpr):
+                   layout: gl.constexpr):
         """rsum plus the row sums of the buffer's 64-column slices J0, J0 + 1, ... that k-step ks of K_STEPS
         takes (spread evenly over the tile's k-steps); masked past N. Slice J0 falls to k-step 0 and
         replaces rsum (any placeholder there)."""
@@ -195,7 +179,7 @@ def _build():
         NS: gl.constexpr = e_buf.shape[1] // SUB
         for j in gl.static_range(J0, NS):
             if ((j - J0) * K_STEPS) // (NS - J0) == ks:
-                part = gl.sum(_slice_terms(e_buf, j, SUB, off_n, N, cap2, k, layout, True, POLY), axis=1)
+                part = gl.sum(_slice_terms(e_buf, j, SUB, off_n, N, cap2, k, layout, True), axis=1)
                 if j == J0:
                     rsum = part
                 else:
@@ -205,7 +189,7 @@ def _build():
     @gluon.jit
     def _mma_rowsum_partition(a_desc, b_desc, a_bufs, b_bufs, e_buf, ready, acc_ready, acc_free, scale_ptr,
                               rowsum_ptr, M, N, cap, inv_scale, GROUP_M: gl.constexpr, K_STEPS: gl.constexpr,
-                              J0: gl.constexpr, POLY: gl.constexpr, num_warps: gl.constexpr):
+                              J0: gl.constexpr, num_warps: gl.constexpr):
         """relu2_gluon's consumer partition (SCALED, B as (N, K)) with the row sums on the consumers: while
         the tensor cores run tile t's wgmmas, the warpgroups read tile t - 1's bf16 z back from the epilogue
         buffer (it is overwritten only after tile t's mainloop) and sum its slices, a share per k-step,
@@ -244,7 +228,7 @@ def _build():
                 mbarrier.wait(ready.index(s), (it // STAGES) & 1)
                 acc = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), acc, use_acc=ks > 0,
                                     is_async=True)
-                rsum = _slices_at(e_buf, ks, K_STEPS, J0, rsum, prev_n, N, cap2, kz, rs_layout, POLY)
+                rsum = _slices_at(e_buf, ks, K_STEPS, J0, rsum, prev_n, N, cap2, kz, rs_layout)
                 acc = warpgroup_mma_wait(1, deps=(acc, ))
                 _issue_load(it + STAGES - 1, total, K_STEPS, num_m, num_n, a_desc, b_desc, a_bufs, b_bufs, ready,
                             True, GROUP_M)
@@ -263,7 +247,7 @@ def _build():
         if t > 0:  # the last tile's sums
             rsum = 0.0
             for ks in gl.static_range(K_STEPS):
-                rsum = _slices_at(e_buf, ks, K_STEPS, J0, rsum, prev_n, N, cap2, kz, rs_layout, POLY)
+                rsum = _slices_at(e_buf, ks, K_STEPS, J0, rsum, prev_n, N, cap2, kz, rs_layout)
             rows = prev_m + gl.arange(0, BM, layout=row_layout)
             gl.store(rowsum_ptr + rows.to(gl.int64) * (num_n * RS_COLS) + (prev_n // BN) * RS_COLS + RS_COLS - 1,
                      gl.convert_layout(rsum, row_layout),
@@ -271,7 +255,7 @@ def _build():
 
     @gluon.jit
     def _epilogue(out_desc, e_buf, acc_ready, acc_free, rowsum_ptr, M, N, cap, inv_scale, GROUP_M: gl.constexpr,
-                  STORE: gl.constexpr, J1: gl.constexpr, RS_COLS: gl.constexpr, POLY: gl.constexpr,
+                  STORE: gl.constexpr, J1: gl.constexpr, RS_COLS: gl.constexpr,
                   EPI_WARPS: gl.constexpr):
         """Per tile: TMA-store the buffer in SUB-wide column slices (none wholly right of N; TMA clips the
         rest), with J1 > 0 the row sums of the tile's first J1 slices (`_tile_rowsum`) into
@@ -295,9 +279,9 @@ def _build():
                                                         e_buf.slice(j * SUB, SUB, 1))
             if J1 > 0:
                 if off_n + BN <= N:
-                    sums = _tile_rowsum(e_buf, off_n, N, cap2, k, False, POLY, EPI_WARPS, J1)
+                    sums = _tile_rowsum(e_buf, off_n, N, cap2, k, False, EPI_WARPS, J1)
                 else:
-                    sums = _tile_rowsum(e_buf, off_n, N, cap2, k, True, POLY, EPI_WARPS, J1)
+                    sums = _tile_rowsum(e_buf, off_n, N, cap2, k, True, EPI_WARPS, J1)
                 rows = off_m + gl.arange(0, BM, layout=row_layout)
                 gl.store(rowsum_ptr + rows.to(gl.int64) * (n_tiles * RS_COLS) + (off_n // BN) * RS_COLS,
                          gl.convert_layout(sums, row_layout),
@@ -310,7 +294,7 @@ def _build():
     @gluon.jit
     def _head_fwd_kernel(a_desc, b_desc, out_desc, scale_ptr, rowsum_ptr, M, N, K, cap, inv_scale,
                          GROUP_M: gl.constexpr, STAGES: gl.constexpr, EPI_WARPS: gl.constexpr,
-                         EPI_REGS: gl.constexpr, STORE: gl.constexpr, ROWSUM: gl.constexpr, POLY: gl.constexpr,
+                         EPI_REGS: gl.constexpr, STORE: gl.constexpr, ROWSUM: gl.constexpr,
                          RS_EPI: gl.constexpr, K_STEPS: gl.constexpr, num_warps: gl.constexpr):
         """z = bf16((A @ B.T) * scale), A (M, K) and B (N, K) fp8 e4m3 (K-major), tile by tile, and with
         ROWSUM the CE row sums: the epilogue warps sum a tile's first RS_EPI 64-column slices, the consumer
@@ -321,17 +305,16 @@ def _build():
         if ROWSUM and RS_EPI < NS:
             gl.warp_specialize([
                 (_mma_rowsum_partition, (a_desc, b_desc, a_bufs, b_bufs, e_buf, ready, acc_ready, acc_free,
-                                         scale_ptr, rowsum_ptr, M, N, cap, inv_scale, GROUP_M, K_STEPS, RS_EPI,
-                                         POLY, num_warps)),
+                                         scale_ptr, rowsum_ptr, M, N, cap, inv_scale, GROUP_M, K_STEPS, RS_EPI, num_warps)),
                 (_epilogue, (out_desc, e_buf, acc_ready, acc_free, rowsum_ptr, M, N, cap, inv_scale, GROUP_M, STORE,
-                             RS_EPI, 2 if RS_EPI > 0 else 1, POLY, EPI_WARPS)),
+                             RS_EPI, 2 if RS_EPI > 0 else 1, EPI_WARPS)),
             ], [EPI_WARPS], [EPI_REGS])
         else:
             gl.warp_specialize([
                 (_mma_partition, (a_desc, b_desc, a_bufs, b_bufs, e_buf, ready, acc_ready, acc_free, scale_ptr, M,
                                   N, K, True, GROUP_M, True, num_warps)),
                 (_epilogue, (out_desc, e_buf, acc_ready, acc_free, rowsum_ptr, M, N, cap, inv_scale, GROUP_M, STORE,
-                             NS if ROWSUM else 0, 1, POLY, EPI_WARPS)),
+                             NS if ROWSUM else 0, 1, EPI_WARPS)),
             ], [EPI_WARPS], [EPI_REGS])
 
     _KERNEL = _head_fwd_kernel
@@ -355,7 +338,7 @@ def kernel_constexprs(cfg: dict, rowsum: bool, k: int) -> dict:
     consumers = rowsum and epi < slices  # the consumer warpgroups sum some slices (their unrolled k-loop)
     return {"GROUP_M": cfg["GROUP_M"], "STAGES": cfg["STAGES"], "EPI_WARPS": cfg["EPI_WARPS"],
             "EPI_REGS": cfg["EPI_REGS_2"] if rowsum and epi == 0 else cfg["EPI_REGS"], "STORE": cfg["STORE"],
-            "ROWSUM": rowsum, "POLY": cfg["POLY"], "RS_EPI": epi,
+            "ROWSUM": rowsum, "RS_EPI": epi,
             "K_STEPS": -(-k // cfg["BLOCK_K"]) if consumers else 0}
 
 
