@@ -194,6 +194,8 @@ def test_cache_key_changes_with_every_input():
     assert compile_cache.cache_key(other, "cpu", 1) != base
     steps = apply_overrides(get_preset("demo"), ["train.steps=7"])  # does not change the graphs
     assert compile_cache.cache_key(steps, "cpu", 1) == base
+    graphs = apply_overrides(get_preset("demo"), ["train.cudagraphs=true"])  # Dynamo's wrapper differs
+    assert compile_cache.cache_key(graphs, "cpu", 1) != base
 
 
 def test_source_hash_sees_any_change(tmp_path):

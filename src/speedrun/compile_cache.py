@@ -109,8 +109,10 @@ def graph_config(cfg) -> dict:
     """The config fields that shape the compiled graphs."""
     d = cfg.to_dict()
     t = d["train"]
-    return {"model": d["model"], "attention": d["attention"],
-            "train": {k: t[k] for k in ("seq_len", "val_seq_len", "batch_seqs", "dtype", "compile")}}
+    train = {k: t[k] for k in ("seq_len", "val_seq_len", "batch_seqs", "dtype", "compile")}
+    if t["cudagraphs"]:  # Dynamo's package holds the graphs' wrapper; named only when on (older keys hold)
+        train["cudagraphs"] = True
+    return {"model": d["model"], "attention": d["attention"], "train": train}
 
 
 def key_parts(cfg, device: torch.device | str, world_size: int = 1) -> dict:

@@ -81,9 +81,9 @@ class ModelConfig:
     # (the two wgmma warpgroups, between issuing one k-step's wgmma and waiting for the last, on the
     # previous tile's z read back from shared memory) | "split" (two slices each, two partial sums a
     # tile). The same sums up to the order of float32 additions. Seventeenth session (docs/benchmarks.md):
-    # the kernel alone 4,772 us (epilogue), 4,797 (consumers), 4,116 (split) on one H200; the step with
-    # "split" not yet measured (three-and-one slices: 616.2 / 618.1 against 616.3 / 616.4 ms/step).
-    head_rowsums: str = "epilogue"
+    # the kernel alone 4,772 us (epilogue), 4,797 (consumers), 4,116 (split) on one H200; eighteenth:
+    # the step with "split" 608.1 / 611.4 against 613.1 / 613.7 ms/step (A/B/A/B, one shared cache).
+    head_rowsums: str = "split"
     # The attention's inputs (QK RMS-norm + rotary, value mixing; attn_inputs.py): "torch" (the model's
     # operations, compiled by Inductor) | "triton" (one kernel launch each way for q, k and v, the
     # projection's whole gradient written in place) | "auto" (triton on CUDA when installed). Same math as
@@ -194,6 +194,11 @@ class TrainConfig:
     dynamo_cache: bool = True
     seed: int = 0
     compile: str = "auto"  # "auto" (on CUDA) | "on" (whole model) | "regional" (per block) | "off"
+    # replay the whole-model compile's forward and backward as CUDA graphs (Inductor's cudagraph trees):
+    # the same kernels, launched from a graph. Speed only. Each micro-step starts a new graph step, and
+    # the first micro-step's gradients are copied out of the graph's memory (trainer.own_grads); where
+    # the step is not compiled on a GPU only that copy remains. Not yet measured on a GPU (performance.md)
+    cudagraphs: bool = False
     log_every: int = 1
     dtype: str = "auto"  # activations: "auto" (bfloat16 on CUDA, float32 on CPU) | "bfloat16" | "float32"
     sample_tokens: int = 0  # print this many sampled tokens at the end (demo)
@@ -436,6 +441,8 @@ def validate(cfg: RunConfig, world_size: int = 1) -> None:
         (cfg.optim.kind in ("muon", "adamw"), "optim.kind", f"must be muon or adamw, got {cfg.optim.kind!r}"),
         (t.compile in ("auto", "on", "regional", "off"), "train.compile",
          f"must be auto, on, regional or off, got {t.compile!r}"),
+        (not (t.cudagraphs and t.compile == "regional"), "train.cudagraphs",
+         "needs the whole-model compile (train.compile auto or on), got train.compile=regional"),
         (0 <= cfg.schedule.cooldown_frac <= 1, "schedule.cooldown_frac", "must be in [0, 1]"),
         (0 <= cfg.schedule.warmup_frac <= 1, "schedule.warmup_frac", "must be in [0, 1]"),
         (t.checkpoint_every_steps >= 0, "train.checkpoint_every_steps", f"must be >= 0, got {t.checkpoint_every_steps}"),

@@ -51,7 +51,7 @@ def x_scale(dim: int) -> float:
 
 def head_loss(x: Tensor, w: Tensor, targets: Tensor, cap: float, form: str, ce_impl: str, use_fp8: bool,
               ce_math: str = "precise", head_kernel: str = "cublas", ce_transposed: bool = False,
-              head_rowsums: str = "epilogue") -> Tensor:
+              head_rowsums: str = "split") -> Tensor:
     """sum over tokens of CE(softcap(x @ w^T), targets), a float32 scalar; x (..., K), w (M, K);
     ce_math: the CE kernel's sigmoid (`softcap_ce.MATHS`); head_kernel: the fused op's forward product
     ("cublas", "gluon" or "auto": `use_gluon`); ce_transposed: the CE writes the transposed gradient
@@ -82,7 +82,7 @@ def use_gluon(x: Tensor, w: Tensor, head_kernel: str) -> bool:
 
 
 def _forward(x: Tensor, w: Tensor, cap: float, form: str, x_s: float, w_s: float, grad_mul: float, ce_math: str,
-             head_kernel: str, head_rowsums: str = "epilogue") -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+             head_kernel: str, head_rowsums: str = "split") -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """z, the FP8 operands, and the CE kernel's row sums where the Gluon kernel wrote them (None: the
     CE kernel makes its own first pass). cuBLAS's product where the Gluon kernel is not used or fails."""
     if use_gluon(x, w, head_kernel):
@@ -111,7 +111,7 @@ def transposed_applies(want_grad: bool, cap: float, form: str, ce_math: str, gra
 def fp8_softcap_ce(
     x: Tensor, w: Tensor, targets: Tensor, cap: float, form: str, x_s: float, w_s: float, grad_s: float,
     want_grad: bool, ce_math: str = "precise", head_kernel: str = "cublas", ce_transposed: bool = False,
-    head_rowsums: str = "epilogue",
+    head_rowsums: str = "split",
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """The summed loss (0-d float32), dL/dz / grad_s (N, M) in float8_e5m2 ((0,) without want_grad),
     the FP8 operands of the product, and the gradient transposed (M, N) where `transposed_applies`
@@ -128,7 +128,7 @@ def fp8_softcap_ce(
 
 @fp8_softcap_ce.register_fake
 def _(x, w, targets, cap, form, x_s, w_s, grad_s, want_grad, ce_math="precise", head_kernel="cublas",
-      ce_transposed=False, head_rowsums="epilogue"):
+      ce_transposed=False, head_rowsums="split"):
     N, M = x.shape[0], w.shape[0]
     loss = x.new_empty((), dtype=torch.float32)
     g_f8 = x.new_empty((N, M) if want_grad else (0,), dtype=torch.float8_e5m2)

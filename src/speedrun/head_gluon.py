@@ -19,7 +19,7 @@ bounds s, so the sum needs no running max and splits into independent per-tile s
 epilogue partition computes those sums for its tile from the bf16 z still in shared memory (the bits
 the CE kernel would load), with the lean kernel's per-element math (one reciprocal for two
 sigmoids; every exponential on the special-function unit: the CE kernel's FMA polynomial for a share
-of them was measured here and lost, POLY below), and writes one float32 per row and
+of them was measured here in the sixteenth session and lost), and writes one float32 per row and
 column tile into `rowsums` (M, cdiv(N, 256)). The CE kernel then skips its first pass and a whole read
 of z (`softcap_ce.launch(..., rowsums=...)`). The epilogue's special-function and FMA work runs
 on warps that do no tensor-core work. Padded columns beyond N (zero-filled operands) are masked out
@@ -33,7 +33,9 @@ the buffer (it is overwritten only after the current tile's mainloop) and sum sl
 one k-step's wgmma and waiting for the one before, spread over the unrolled k-steps. All four there
 slow the mainloop as much (their special-function work per k-step is about a wgmma's time); split
 two and two, with two partial sums a tile (the CE kernel adds up whatever columns it is given), the
-kernel measured 4,116 us against 4,772 with all on the epilogue (seventeenth session, one machine).
+kernel measured 4,116 us against 4,772 with all on the epilogue (seventeenth session, one machine);
+the step 608.1 / 611.4 against 613.1 / 613.7 ms (eighteenth session), so `split` is the model's
+default. CONFIG keeps all four on the epilogue; the model always passes `rowsum_config(...)`.
 
 Triton is imported on first use (`_build`); importing this module needs only torch.
 """

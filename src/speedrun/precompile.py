@@ -155,7 +155,7 @@ def run_child(cfg, device: torch.device, world_size: int, rank: int = 0) -> None
     model = build_model(cfg, device, world_size, dtype)
     key_local_caches()  # the same cache keys as the trainer's
     dynamo_cache.enable(cfg, device, world_size, rank)  # the same cache entries' form; never saved here
-    step_model = compile_step_model(model, cfg.train.compile, True)
+    step_model = compile_step_model(model, cfg.train.compile, True, cfg.train.cudagraphs)
     for name, fn in (("head", lambda: warm_head(model, cfg, device)),
                      ("evaluation graph", lambda: warm_eval(step_model, model, cfg, device, dtype))):
         t0 = time.time()

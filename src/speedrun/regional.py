@@ -73,10 +73,12 @@ def compile_regions(model: nn.Module, dynamic: bool = False) -> RegionalModel:
     return RegionalModel(model, dynamic=dynamic)
 
 
-def compile_step_model(model: nn.Module, mode: str, compiled: bool) -> nn.Module:
-    """The module the trainer calls: the model itself, whole-model compiled, or regional."""
+def compile_step_model(model: nn.Module, mode: str, compiled: bool, cudagraphs: bool = False) -> nn.Module:
+    """The module the trainer calls: the model itself, whole-model compiled (its graphs replayed as CUDA
+    graphs with `cudagraphs`), or regional."""
     if not compiled:
         return model
     if mode == "regional":
         return compile_regions(model)
-    return torch.compile(model, dynamic=False, fullgraph=True)
+    options = {"triton.cudagraphs": True} if cudagraphs else None
+    return torch.compile(model, dynamic=False, fullgraph=True, options=options)

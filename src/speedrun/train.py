@@ -266,7 +266,8 @@ class Trainer:
         self.model = build_model(cfg, self.device, info.world_size, self.dtype)
         self.startup.mark("model")
         self.step_model = dynamo_cache.compile_with(  # whole model or regional
-            self.dynamo_packages, lambda: compile_step_model(self.model, cfg.train.compile, self.compiled))
+            self.dynamo_packages, lambda: compile_step_model(self.model, cfg.train.compile, self.compiled,
+                                                          cfg.train.cudagraphs))
         self.optimizers = build_optimizers(self.model, cfg.optim)
         train_files, self.val_file = resolve_data(cfg)
         from speedrun.loader import TrainLoader
@@ -345,9 +346,12 @@ class Trainer:
         total = torch.zeros((), device=self.device)
         batches = self.guard.next_batches()  # skips batches marked bad after a recovery
         with self.guard.health.watch(step):  # activation hooks, on health steps only
-            for inputs, targets in batches:
+            for i, (inputs, targets) in enumerate(batches):
+                self.mark_graph_step()
                 loss = self.guard.loss(self.step_model(inputs, targets, window, self.dtype))
                 (loss / len(batches)).backward()
+                if i == 0:
+                    self.own_grads()
                 total += loss.detach()
         self.guard.before_update(step)
         for opt in self.optimizers:
@@ -360,6 +364,21 @@ class Trainer:
         self.guard.after_update(step, mean)
         return mean
 
+    def mark_graph_step(self) -> None:
+        """With train.cudagraphs: a new graph step before each forward. The last replay's outputs (the
+        loss, the gradients) have been read by then; the next replay may overwrite them."""
+        if self.cfg.train.cudagraphs and self.compiled:
+            torch.compiler.cudagraph_mark_step_begin()
+
+    def own_grads(self) -> None:
+        """With train.cudagraphs, after the first micro-step: its gradients became `.grad` as they came out
+        of the backward's graph, in memory the next replay overwrites. Copy them out once a step; the
+        later micro-steps add into the copies. Values unchanged (tests/test_cudagraphs.py)."""
+        if self.cfg.train.cudagraphs:
+            for p in self.model.parameters():
+                if p.grad is not None:
+                    p.grad = p.grad.clone()
+
     @torch.no_grad()
     def evaluate(self, step: int) -> float:
         from speedrun.loader import val_batches
@@ -370,6 +389,7 @@ class Trainer:
         total, n = torch.zeros((), device=self.device), 0
         for inputs, targets in val_batches(self.val_file, t.val_tokens, t.val_seq_len, self.info.rank,
                                            self.info.world_size, self.device):
+            self.mark_graph_step()
             total += self.step_model(inputs, targets, window, self.dtype).float()
             n += 1
         self.model.train()

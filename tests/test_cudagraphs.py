@@ -1,0 +1,48 @@
+"""train.cudagraphs: the whole-model compile replayed as CUDA graphs. On the CPU only its gradient handling
+runs (no graphs), and it must not change a bit of training; the config check rejects regional compiles.
+On a GPU the compiled step with graphs must train like the one without."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from reliability_helpers import curves, train
+from speedrun.config import validate
+from speedrun.errors import ConfigError
+from speedrun.presets import record
+
+
+def test_gradient_copies_leave_training_unchanged(tmp_path):
+    """Two micro-steps a step: the first one's gradients copied out (own_grads), the second added into
+    the copies. Every logged loss equals the default run's exactly."""
+    assert train(tmp_path / "a", steps=4) == 0
+    assert train(tmp_path / "b", "--set", "train.cudagraphs=true", steps=4) == 0
+    (train_a, val_a), (train_b, val_b) = curves(tmp_path / "a"), curves(tmp_path / "b")
+    assert len(train_a) == 4 and train_a == train_b and val_a == val_b
+
+
+def test_regional_compile_rejected():
+    cfg = record()
+    cfg.train.cudagraphs, cfg.train.compile = True, "regional"
+    with pytest.raises(ConfigError, match="train.cudagraphs"):
+        validate(cfg, 1)
+    cfg.train.compile = "on"
+    validate(cfg, 1)
+
+
+@pytest.mark.gpu
+def test_gpu_graphs_train_like_the_compiled_step(tmp_path):
+    """The tiny run compiled on the GPU, with and without CUDA graphs: the same losses to within the
+    run-to-run spread of the compiled step (its kernels' sums are not ordered)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    gpu = ["--set", "train.compile=on", "--set", "train.precompile=false", "--set", "train.warmup_steps=2"]
+    assert train(tmp_path / "a", *gpu, steps=6) == 0
+    assert train(tmp_path / "b", *gpu, "--set", "train.cudagraphs=true", steps=6) == 0
+    (train_a, val_a), (train_b, val_b) = curves(tmp_path / "a"), curves(tmp_path / "b")
+    assert train_a.keys() == train_b.keys() and val_a.keys() == val_b.keys()
+    for step in train_a:
+        assert train_b[step] == pytest.approx(train_a[step], rel=1e-4), step
+    for step in val_a:
+        assert val_b[step] == pytest.approx(val_a[step], rel=1e-4), step
