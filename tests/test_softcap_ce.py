@@ -188,13 +188,19 @@ _INTERPRETED = textwrap.dedent(r'''
     # reads them instead of making its first pass: the same losses and gradients (an ignored row, the
     # target in the last tile, tile counts 1, 12 and 197 = the record's)
     from speedrun import head_gluon
-    sc.LEAN_CONFIG.update(POLY=1, BLOCK_V=512, num_warps=4)
-    out["rowsums"] = []
-    for seed, (N, V) in enumerate([(37, 3001), (4, 50304), (3, 200)]):
-        g = torch.Generator().manual_seed(100 + seed)
+
+    def lean_case(seed, N, V):
+        """bfloat16 logits (N, V) and targets: row N // 2 ignored, row 0's target the last column."""
+        g = torch.Generator().manual_seed(seed)
         z = (torch.randn(N, V, generator=g) * 10).bfloat16()
         t = torch.randint(0, V, (N,), generator=g)
         t[N // 2], t[0] = sc.IGNORE_INDEX, V - 1
+        return z, t
+
+    sc.LEAN_CONFIG.update(POLY=1, BLOCK_V=512, num_warps=4)
+    out["rowsums"] = []
+    for seed, (N, V) in enumerate([(37, 3001), (4, 50304), (3, 200)]):
+        z, t = lean_case(100 + seed, N, V)
         rs = head_gluon.rowsums_reference(z, 30.0).float()
         l0, g0 = sc.launch(z, t, 30.0, "sigmoid", True, math="lean")
         l1, g1 = sc.launch(z, t, 30.0, "sigmoid", True, math="lean", rowsums=rs)
@@ -206,16 +212,28 @@ _INTERPRETED = textwrap.dedent(r'''
     sc.TILE_CONFIG.update(BLOCK_M=16, BLOCK_V=64)
     out["transposed"] = []
     for seed, (N, V, use_rs) in enumerate([(37, 3001, True), (5, 700, False)]):
-        g = torch.Generator().manual_seed(200 + seed)
-        z = (torch.randn(N, V, generator=g) * 10).bfloat16()
-        t = torch.randint(0, V, (N,), generator=g)
-        t[N // 2], t[0] = sc.IGNORE_INDEX, V - 1
+        z, t = lean_case(200 + seed, N, V)
         rs = head_gluon.rowsums_reference(z, 30.0).float() if use_rs else None
         l0, g0 = sc.launch(z, t, 30.0, "sigmoid", True, torch.float32, 448.0, "lean", rs)
         l1, g1, g1t = sc.launch_transposed(z, t, 30.0, torch.float32, 448.0, rs)
         out["transposed"].append(dict(N=N, V=V, losses_equal=bool(torch.equal(l0, l1)),
                                       grad_max_abs=(g1 - g0).abs().max().item(), grad_scale=g0.abs().max().item(),
                                       exact_transpose=bool(torch.equal(g1t, g1.T)), ignored_zero=bool((g1[N // 2] == 0).all())))
+    # TILE_CONFIG["PACK"]: e5m2 tiles transposed as words of four rows; N % 4 != 0 falls back to bytes
+    out["packed"] = []
+    for seed, (N, V) in enumerate([(36, 3001), (8, 700), (37, 300)]):
+        z, t = lean_case(300 + seed, N, V)
+        runs = {}
+        for pack in (False, True):
+            sc.TILE_CONFIG.update(PACK=pack)
+            runs[pack] = sc.launch_transposed(z, t, 30.0, torch.float8_e5m2, 448.0)
+        sc.TILE_CONFIG.update(PACK=False)
+        (l0, g0, g0t), (l1, g1, g1t) = runs[False], runs[True]
+        u = lambda x: x.view(torch.uint8)  # noqa: E731
+        out["packed"].append(dict(N=N, V=V, losses_equal=bool(torch.equal(l0, l1)), grad_equal=bool(torch.equal(u(g0), u(g1))),
+                                  transposed_equal=bool(torch.equal(u(g0t), u(g1t))),
+                                  exact_transpose=bool(torch.equal(u(g1t), u(g1).T.contiguous())),
+                                  nonzero=int((u(g1) != 0).sum())))
     try:
         sc.launch(z, t, 30.0, "sigmoid", True, math="precise", rowsums=head_gluon.rowsums_reference(z, 30.0).float())
         out["rowsums_refused_for_precise"] = False
@@ -321,6 +339,27 @@ def test_interpreted_transposed_gradient(interpreted):
         assert case["grad_max_abs"] <= 1e-6 * case["grad_scale"], case
 
 
+def test_interpreted_packed_transpose(interpreted):
+    """TILE_CONFIG["PACK"]: the same e5m2 bytes in both layouts as the byte-wise tiles, at N a multiple of
+    four (packed) and not (the byte-wise fall-back)."""
+    assert [c["N"] for c in interpreted["packed"]] == [36, 8, 37]
+    for case in interpreted["packed"]:
+        assert case["nonzero"] > 0.05 * case["N"] * case["V"], {k: case[k] for k in ("N", "V", "nonzero")}
+        assert case["losses_equal"] and case["grad_equal"] and case["transposed_equal"], case
+        assert case["exact_transpose"], case
+
+
+def test_packed_transpose_moves_words_for_hopper():
+    """The packed tile kernel, compiled for sm_90 without a GPU: its shared-memory transpose stores 32-bit
+    words and no single bytes, a quarter of the byte-wise kernel's stores."""
+    pytest.importorskip("triton")
+    from speedrun import softcap_ce as sc
+    ptx = {pack: sc.compile_tile_offline(pack=pack).asm["ptx"] for pack in (False, True)}
+    assert ptx[False].count("st.shared.b8") > 0 and ptx[False].count("st.shared.b32") == 0
+    assert ptx[True].count("st.shared.b8") == 0 and "shfl" not in ptx[True]
+    assert 4 * ptx[True].count("st.shared.b32") == ptx[False].count("st.shared.b8")
+
+
 def test_interpreted_lean_polynomial_exp2_is_float32_accurate(interpreted):
     """The FMA-unit 2^x of math="lean" is as accurate as the special-function unit's (about 2^-22)."""
     assert interpreted["poly_max_rel_err"] < 2.5e-7, interpreted["poly_max_rel_err"]
@@ -395,12 +434,14 @@ def test_gpu_lean_at_record_size(cuda):
 
 
 @pytest.mark.gpu
-def test_gpu_transposed_gradient_at_record_size(cuda):
-    """launch_transposed at the record's size, e5m2 x 448 as the FP8 head asks: the lean kernel's losses
-    exactly, its e5m2 bytes but for rare one-step roundings (other reciprocal pairs), and the
-    transposed gradient exactly the transposed copy of its own."""
+@pytest.mark.parametrize("pack", [False, True])
+def test_gpu_transposed_gradient_at_record_size(cuda, pack, monkeypatch):
+    """launch_transposed at the record's size, e5m2 x 448 as the FP8 head asks, byte-wise and packed
+    tiles: the lean kernel's losses exactly, its e5m2 bytes but for rare one-step roundings (other
+    reciprocal pairs), and the transposed gradient exactly the transposed copy of its own."""
     pytest.importorskip("triton")
     from speedrun import softcap_ce as sc, transpose
+    monkeypatch.setitem(sc.TILE_CONFIG, "PACK", pack)
     z, t = _record_inputs(3)
     t[5] = sc.IGNORE_INDEX
     l0, g0 = sc.launch(z, t, 30.0, "sigmoid", True, torch.float8_e5m2, 448.0, "lean")

@@ -20,6 +20,7 @@ Usage:
   python3 head_fwd_gluon_bench.py OUT.json         on an H200, from scripts/device with PYTHONPATH=src.
 """
 
+import itertools
 import json
 import os
 import sys
@@ -139,16 +140,23 @@ def device_bench(out_path):
     res["ce_transposed_e5m2_bytes_differing"] = _bytes_differ(g1, g2) / g1.numel()
     res["ce_transposed_exact"] = all(torch.equal(g1t[:, i:i + 4096].T.contiguous().view(torch.uint8),
                                                  g1[i:i + 4096].view(torch.uint8)) for i in range(0, M, 4096))
-    del g1, g1t, g2
+    # the eighteenth session's packed tiles (TILE_CONFIG["PACK"]): the same bytes, timed at the default shape
+    sc.TILE_CONFIG.update(PACK=True)
+    us["ce_transposed_packed_rowsums"] = time(lambda: sc.launch_transposed(z, t, 30.0, torch.float8_e5m2, grad_mul, rs))
+    _, g3, g3t = sc.launch_transposed(z, t, 30.0, torch.float8_e5m2, grad_mul, rs)
+    sc.TILE_CONFIG.update(PACK=False)
+    res["ce_packed_same_bytes"] = _bytes_differ(g3, g1) == 0 and _bytes_differ(g3t, g1t) == 0
+    del g1, g1t, g2, g3, g3t
     if os.environ.get("TILE_VARIANTS"):  # the seventeenth session's sweep of the CE tile kernel's shape
         default_tiles = dict(sc.TILE_CONFIG)
-        for bm, bv, nw in TILE_VARIANTS:
-            sc.TILE_CONFIG.update(BLOCK_M=bm, BLOCK_V=bv, num_warps=nw)
+        for (bm, bv, nw), pack in itertools.product(TILE_VARIANTS, (False, True)):
+            sc.TILE_CONFIG.update(BLOCK_M=bm, BLOCK_V=bv, num_warps=nw, PACK=pack)
+            name = f"{bm}x{bv}_w{nw}" + ("_packed" if pack else "")
             try:
-                us[f"ce_transposed_{bm}x{bv}_w{nw}"] = time(
+                us[f"ce_transposed_{name}"] = time(
                     lambda: sc.launch_transposed(z, t, 30.0, torch.float8_e5m2, grad_mul, rs))
             except Exception as e:  # noqa: BLE001 - a failure is a result; go on
-                res.setdefault("tile_errors", {})[f"{bm}x{bv}_w{nw}"] = f"{type(e).__name__}: {str(e)[:300]}"
+                res.setdefault("tile_errors", {})[name] = f"{type(e).__name__}: {str(e)[:300]}"
         sc.TILE_CONFIG.clear()
         sc.TILE_CONFIG.update(default_tiles)
     us["path_cublas"] = time(lambda: (torch._scaled_mm(x_f8, w_f8.T, out_dtype=torch.bfloat16, scale_a=sa, scale_b=sb,

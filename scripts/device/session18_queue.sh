@@ -9,6 +9,10 @@
 #           test (tests/test_cudagraphs.py) [all.done]. Ran in the eighteenth session with a first version
 #           that failed in the warm-up (calls 4-8, docs/runs/2026-12-01-h200-r/); the gradient copy
 #           (Trainer.own_grads) was written after, for the next session's first call
+#   pack    (for the nineteenth session) the CE tile kernel's packed transpose (softcap_ce.TILE_CONFIG["PACK"],
+#           written in the eighteenth, never run on a GPU): the head bench with TILE_VARIANTS=1 (every
+#           tile shape byte-wise and packed, against the CE plus the transposed copy), then the CE
+#           kernel's GPU tests (the packed tiles at the record's size among them) [all.done]
 #   full    restore the kept shards; two proxy212 runs of the default on the strict caches [full.done]
 #   wait S [D [LOG]]  print LOG (default q.log) until $RES/D.done exists (default all) or S seconds
 #           passed; tar the results into $OUT
@@ -17,14 +21,24 @@
 set -u
 source scripts/device/common.sh
 
+on_gpu0() {  # inside a queue's logged subshell: the clock log (disowned: no `wait` waits for it), GPU 0
+  clocks_log clocks.csv
+  disown
+  export CUDA_VISIBLE_DEVICES=0
+}
+
+gpu_tests() {  # gpu_tests NAME FILES...: `pytest -m gpu` on FILES into $RES/gpu-tests-NAME.log, one line out
+  local name=$1; shift
+  env -u PYTHONPYCACHEPREFIX timeout 300 python3 -m pytest -m gpu -q "$@" > "$RES/gpu-tests-$name.log" 2>&1
+  echo "$(date +%T) GPU tests ($name): $(tail -1 "$RES/gpu-tests-$name.log")"
+}
+
 case "${1:-}" in
   prof)
     stage_proxy > /dev/null
     queue_start
     ( strict_cold
-      clocks_log clocks.csv
-      disown
-      export CUDA_VISIBLE_DEVICES=0
+      on_gpu0
       bytecode_on
       env $(caches strict) python3 -m speedrun.cli bench --preset proxy212 --steps 3 --repeats 1 --warmup 3 \
         --profile "$RES/profile.txt" --json "$RES/prof.json" > "$RES/prof.log" 2>&1
@@ -32,9 +46,7 @@ case "${1:-}" in
       touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
   cg)
     queue_start
-    ( clocks_log clocks.csv
-      disown
-      export CUDA_VISIBLE_DEVICES=0
+    ( on_gpu0
       bytecode_on
       for r in ${CG_ROUNDS:-1 2}; do
         AB_CACHE=ab-cg ab_shared "default$r"
@@ -53,11 +65,17 @@ for a, b in zip(*rows.values()):
     print("step", a.get("step"), "loss", a.get("train_loss", a.get("loss")), b.get("train_loss", b.get("loss")),
           "val", a.get("val_loss"), b.get("val_loss"))
 PY
-      env -u PYTHONPYCACHEPREFIX timeout 300 python3 -m pytest -m gpu -q tests/test_cudagraphs.py \
-        > "$RES/gpu-tests-cudagraphs.log" 2>&1
-      echo "$(date +%T) GPU test (cudagraphs): $(tail -1 "$RES/gpu-tests-cudagraphs.log")"
+      gpu_tests cudagraphs tests/test_cudagraphs.py
+      touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
+  pack)
+    queue_start
+    ( on_gpu0
+      (cd scripts/device && TILE_VARIANTS=1 timeout 400 python3 head_fwd_gluon_bench.py "$RES/head-pack.json") \
+        > "$RES/head-pack.log" 2>&1
+      echo "$(date +%T) head bench: exit $? | $(tail -4 "$RES/head-pack.log" | tr '\n' ' ')"
+      gpu_tests ce tests/test_softcap_ce.py
       touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
   full) full_pair ;;
   wait) follow_and_collect "${2:-560}" "$RES/${3:-all}.done" "$RES/${4:-q.log}"; exit $? ;;
-  *) echo "usage: $0 prof | cg | full | wait SECONDS [DONE-NAME [LOG]]" >&2; exit 2 ;;
+  *) echo "usage: $0 prof | cg | pack | full | wait SECONDS [DONE-NAME [LOG]]" >&2; exit 2 ;;
 esac

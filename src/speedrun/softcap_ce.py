@@ -93,7 +93,10 @@ LEAN_CONFIG = {"POLY": 1, "BLOCK_V": 4096, "num_warps": 8}
 # store 64-byte runs, as transpose.py's measured copy kernel. On an H200 (seventeenth session) 3,375 us a
 # 49,152-token micro-step; 128 x 128 with 8 warps 3,020 (the fastest; not run through the GPU test); the CE
 # kernel plus the copy 3,064: `model.ce_transposed` stays off.
-TILE_CONFIG = {"BLOCK_M": 64, "BLOCK_V": 256, "num_warps": 8}
+# PACK: an 8-bit gradient's transposed tile built from 32-bit words of four rows (`_words_of_four_rows`),
+# where Triton's own transpose moves single bytes through shared memory; written in the eighteenth
+# session, not yet timed on a GPU (the head bench's PACK rows).
+TILE_CONFIG = {"BLOCK_M": 64, "BLOCK_V": 256, "num_warps": 8, "PACK": False}
 
 
 # --------------------------------------------------------------------------- reference
@@ -155,7 +158,7 @@ tl = None
 _KERNEL = None
 _softcap_jit = _softcap_ce_kernel = None
 _rcp = _exp2_poly = _exp2 = _sigmoid_pair = _row_sum_pass = _row_loss = _softcap_ce_lean_kernel = None
-_ce_rows_kernel = _ce_grad_tile_kernel = None
+_ce_rows_kernel = _ce_grad_tile_kernel = _grad_rows = _byte_word = None
 _P1 = _P2 = _P3 = _P4 = _P5 = None  # EXP2_POLY as Triton constexprs, set with the kernels
 _FORM_CODE = {"none": 0, "sigmoid": 1, "tanh": 2}
 
@@ -269,7 +272,7 @@ EXP2_POLY = (0.6931470036506653, 0.24022242426872253, 0.05550733581185341, 0.009
 def _define_lean_kernel():
     """The "lean" kernel (the record's sigmoid form, static shift); bound as module globals like the others."""
     global _rcp, _exp2_poly, _exp2, _sigmoid_pair, _row_sum_pass, _row_loss, _softcap_ce_lean_kernel, _ce_rows_kernel
-    global _ce_grad_tile_kernel, _P1, _P2, _P3, _P4, _P5
+    global _ce_grad_tile_kernel, _grad_rows, _byte_word, _P1, _P2, _P3, _P4, _P5
     _P1, _P2, _P3, _P4, _P5 = (tl.constexpr(c) for c in EXP2_POLY)  # kernels read constexpr globals only
 
     @triton.jit
@@ -417,19 +420,11 @@ def _define_lean_kernel():
         tl.store(SHIFT + row, tl.where(ignored, float("inf"), lse2 - tl.log2(C)))
 
     @triton.jit
-    def _ce_grad_tile_kernel(Z, T, SHIFT, GRAD, GRAD_T, N, stride_z, cap, inv_scale, grad_mul, V: tl.constexpr,
-                             BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, FAST: tl.constexpr):
-        """The lean kernel's gradient pass for one BLOCK_M x BLOCK_V tile, given each row's SHIFT: g stored
-        row-major into GRAD (N, V) and transposed into GRAD_T (V, N), the tile's halves (a, b) sharing
-        reciprocals; the target column's -C s (1 - s) by a compare (rows and columns are a tile's here)."""
-        HALF: tl.constexpr = BLOCK_V // 2
-        rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-        ca = tl.program_id(1) * BLOCK_V + tl.arange(0, HALF)
+    def _grad_rows(Z, T, SHIFT, rm, ca, N, stride_z, cap2, k, C, V: tl.constexpr, HALF: tl.constexpr,
+                   FAST: tl.constexpr, OUT_DTYPE: tl.constexpr):
+        """g of rows rm at the column halves ca and ca + HALF (sharing reciprocals), and their masks."""
         cb = ca + HALF
         rok = rm < N
-        cap2 = cap * 1.4426950408889634
-        k = -1.4426950408889634 * inv_scale
-        C = cap * inv_scale * grad_mul
         shift = tl.load(SHIFT + rm, mask=rok, other=float("inf"))[:, None]
         t = tl.load(T + rm, mask=rok, other=-1).to(tl.int32)[:, None]
         z_rows = Z + rm[:, None].to(tl.int64) * stride_z
@@ -437,15 +432,59 @@ def _define_lean_kernel():
         okb = rok[:, None] & (cb < V)[None, :]
         sa, sb = _sigmoid_pair(tl.load(z_rows + ca[None, :], mask=oka, other=0.0).to(tl.float32),
                                tl.load(z_rows + cb[None, :], mask=okb, other=0.0).to(tl.float32), k, FAST)
-        ga = ((tl.exp2(cap2 * sa - shift) - tl.where(ca[None, :] == t, C, 0.0)) * tl.fma(-sa, sa, sa)).to(
-            GRAD.dtype.element_ty)
-        gb = ((tl.exp2(cap2 * sb - shift) - tl.where(cb[None, :] == t, C, 0.0)) * tl.fma(-sb, sb, sb)).to(
-            GRAD.dtype.element_ty)
-        g_rows = GRAD + rm[:, None].to(tl.int64) * V
-        tl.store(g_rows + ca[None, :], ga, mask=oka)
-        tl.store(g_rows + cb[None, :], gb, mask=okb)
-        tl.store(GRAD_T + ca[:, None].to(tl.int64) * N + rm[None, :], tl.trans(ga), mask=tl.trans(oka))
-        tl.store(GRAD_T + cb[:, None].to(tl.int64) * N + rm[None, :], tl.trans(gb), mask=tl.trans(okb))
+        ga = ((tl.exp2(cap2 * sa - shift) - tl.where(ca[None, :] == t, C, 0.0)) * tl.fma(-sa, sa, sa)).to(OUT_DTYPE)
+        gb = ((tl.exp2(cap2 * sb - shift) - tl.where(cb[None, :] == t, C, 0.0)) * tl.fma(-sb, sb, sb)).to(OUT_DTYPE)
+        return ga, gb, oka, okb
+
+    @triton.jit
+    def _byte_word(g, byte: tl.constexpr):
+        """An 8-bit tile's values as 32-bit words' byte `byte` (0 the lowest)."""
+        return g.to(tl.uint8, bitcast=True).to(tl.uint32) << (8 * byte)
+
+    @triton.jit
+    def _ce_grad_tile_kernel(Z, T, SHIFT, GRAD, GRAD_T, N, stride_z, cap, inv_scale, grad_mul, V: tl.constexpr,
+                             BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, FAST: tl.constexpr, PACK: tl.constexpr):
+        """The lean kernel's gradient pass for one BLOCK_M x BLOCK_V tile, given each row's SHIFT: g stored
+        row-major into GRAD (N, V) and transposed into GRAD_T (V, N), the tile's halves (a, b) sharing
+        reciprocals; the target column's -C s (1 - s) by a compare (rows and columns are a tile's here).
+        PACK (8-bit g, N % 4 == 0, GRAD_T the same memory as int32 (V, N // 4)): the tile as four
+        interleaved row sets 4j + r, so that each thread holds four consecutive rows of a column and packs
+        them into one word (row 4j in the low byte, as the bytes lie); the transpose then moves words,
+        where Triton's own moves single bytes through shared memory."""
+        HALF: tl.constexpr = BLOCK_V // 2
+        ca = tl.program_id(1) * BLOCK_V + tl.arange(0, HALF)
+        cb = ca + HALF
+        cap2 = cap * 1.4426950408889634
+        k = -1.4426950408889634 * inv_scale
+        C = cap * inv_scale * grad_mul
+        OUT: tl.constexpr = GRAD.dtype.element_ty
+        if PACK:
+            QUARTER: tl.constexpr = BLOCK_M // 4
+            rw = tl.program_id(0) * QUARTER + tl.arange(0, QUARTER)  # the tile's words along the rows
+            wa = tl.zeros((QUARTER, HALF), dtype=tl.uint32)
+            wb = tl.zeros((QUARTER, HALF), dtype=tl.uint32)
+            for r in tl.static_range(4):
+                rm = 4 * rw + r
+                ga, gb, oka, okb = _grad_rows(Z, T, SHIFT, rm, ca, N, stride_z, cap2, k, C, V, HALF, FAST, OUT)
+                g_rows = GRAD + rm[:, None].to(tl.int64) * V
+                tl.store(g_rows + ca[None, :], ga, mask=oka)
+                tl.store(g_rows + cb[None, :], gb, mask=okb)
+                wa |= _byte_word(ga, r)
+                wb |= _byte_word(gb, r)
+            NW = N // 4
+            wok = (rw < NW)[None, :]
+            tl.store(GRAD_T + ca[:, None].to(tl.int64) * NW + rw[None, :], tl.trans(wa.to(tl.int32, bitcast=True)),
+                     mask=(ca < V)[:, None] & wok)
+            tl.store(GRAD_T + cb[:, None].to(tl.int64) * NW + rw[None, :], tl.trans(wb.to(tl.int32, bitcast=True)),
+                     mask=(cb < V)[:, None] & wok)
+        else:
+            rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+            ga, gb, oka, okb = _grad_rows(Z, T, SHIFT, rm, ca, N, stride_z, cap2, k, C, V, HALF, FAST, OUT)
+            g_rows = GRAD + rm[:, None].to(tl.int64) * V
+            tl.store(g_rows + ca[None, :], ga, mask=oka)
+            tl.store(g_rows + cb[None, :], gb, mask=okb)
+            tl.store(GRAD_T + ca[:, None].to(tl.int64) * N + rm[None, :], tl.trans(ga), mask=tl.trans(oka))
+            tl.store(GRAD_T + cb[:, None].to(tl.int64) * N + rm[None, :], tl.trans(gb), mask=tl.trans(okb))
 
 
 def lean_applies(form: str, cap: float, math: str, grad_mul: float = 1.0) -> bool:
@@ -530,10 +569,30 @@ def launch_transposed(z: Tensor, targets: Tensor, cap: float, grad_dtype: torch.
                           ROWSUMS=rowsums is not None, RS_BLOCK=max(16, _next_pow2(rs_cols)),
                           num_warps=LEAN_CONFIG["num_warps"])
     bm, bv = TILE_CONFIG["BLOCK_M"], TILE_CONFIG["BLOCK_V"]
+    pack = TILE_CONFIG["PACK"] and grad_t.element_size() == 1 and N % 4 == 0 and bm >= 4
     _ce_grad_tile_kernel[(triton.cdiv(N, bm), triton.cdiv(V, bv))](
-        z, targets, shift, grad, grad_t, N, z.stride(0), float(cap), inv_scale, float(grad_mul), V=V,
-        BLOCK_M=bm, BLOCK_V=bv, FAST=fast, num_warps=TILE_CONFIG["num_warps"])
+        z, targets, shift, grad, grad_t.view(torch.int32) if pack else grad_t, N, z.stride(0), float(cap),
+        inv_scale, float(grad_mul), V=V, BLOCK_M=bm, BLOCK_V=bv, FAST=fast, PACK=pack,
+        num_warps=TILE_CONFIG["num_warps"])
     return losses, grad, grad_t
+
+def compile_tile_offline(pack: bool, block_m: int = 64, block_v: int = 256, num_warps: int = 8, v: int = 50304):
+    """`launch_transposed`'s tile kernel for sm_90 without a GPU (Triton's bundled ptxas), an e5m2
+    gradient at the record's vocabulary; the CompiledKernel. Pointers and N assumed 16-aligned."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    _build_kernel()
+    kernel = _ce_grad_tile_kernel
+    consts = dict(V=v, BLOCK_M=block_m, BLOCK_V=block_v, FAST=True, PACK=pack)
+    signature = {"Z": "*bf16", "T": "*i64", "SHIFT": "*fp32", "GRAD": "*fp8e5", "GRAD_T": "*i32" if pack else "*fp8e5",
+                 "N": "i32", "stride_z": "i32", "cap": "fp32", "inv_scale": "fp32", "grad_mul": "fp32"}
+    signature.update({name: "constexpr" for name in consts})
+    attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]]
+             for n in ("Z", "T", "SHIFT", "GRAD", "GRAD_T", "N", "stride_z")}
+    return triton.compile(ASTSource(kernel, signature, consts, attrs), target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": num_warps})
+
 
 def _next_pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
