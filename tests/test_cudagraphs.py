@@ -4,6 +4,8 @@ On a GPU the compiled step with graphs must train like the one without."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -20,6 +22,10 @@ def test_gradient_copies_leave_training_unchanged(tmp_path):
     assert train(tmp_path / "b", "--set", "train.cudagraphs=true", steps=4) == 0
     (train_a, val_a), (train_b, val_b) = curves(tmp_path / "a"), curves(tmp_path / "b")
     assert len(train_a) == 4 and train_a == train_b and val_a == val_b
+    summary = json.loads((tmp_path / "b" / "summary.json").read_text())
+    # no graphs where the step is not compiled on a GPU, and the summary says so; reserved memory (where
+    # graphs keep their pools) is reported beside the allocated peak, None on the CPU
+    assert summary["cuda_graphs"] is False and summary["peak_reserved_bytes"] is None
 
 
 def test_regional_compile_rejected():
@@ -46,3 +52,5 @@ def test_gpu_graphs_train_like_the_compiled_step(tmp_path):
         assert train_b[step] == pytest.approx(train_a[step], rel=1e-4), step
     for step in val_a:
         assert val_b[step] == pytest.approx(val_a[step], rel=1e-4), step
+    summary = json.loads((tmp_path / "b" / "summary.json").read_text())
+    assert summary["cuda_graphs"] is True and summary["peak_reserved_bytes"] > 0

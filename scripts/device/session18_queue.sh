@@ -9,7 +9,8 @@
 #           test (tests/test_cudagraphs.py) [all.done]. Ran in the eighteenth session with a first version
 #           that failed in the warm-up (calls 4-8, docs/runs/2026-12-01-h200-r/); the gradient copy
 #           (Trainer.own_grads) was written after, for the next session's first call
-#   pack    (for the nineteenth session) the CE tile kernel's packed transpose (softcap_ce.TILE_CONFIG["PACK"],
+#   pack    (run in the nineteenth session, call 2: its GPU test found the transposes wrong; TILE_CONFIG["PACK"]
+#           is gone since, session19_queue.sh ct runs the rebuilt kernel) the CE tile kernel's packed transpose (softcap_ce.TILE_CONFIG["PACK"],
 #           written in the eighteenth, never run on a GPU): the head bench with TILE_VARIANTS=1 (every
 #           tile shape byte-wise and packed, against the CE plus the transposed copy), then the CE
 #           kernel's GPU tests (the packed tiles at the record's size among them) [all.done]
@@ -45,6 +46,7 @@ case "${1:-}" in
       echo "$(date +%T) prof: exit $? | $(grep -E 'ms/step|busy|idle|GPU clock|rror' "$RES/prof.log" | tr '\n' ' ')"
       touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
   cg)
+    stage_proxy > /dev/null
     queue_start
     ( on_gpu0
       bytecode_on

@@ -652,7 +652,8 @@ def format_report(r: dict) -> str:
         ("fraction of peak", f"{_fmt(r['fraction_of_peak'], '.3f')}"),
         ("GPU clock (timed steps)", gpu_clocks.describe(r.get("gpu_clocks"))),
         ("peak memory", f"{_fmt_bytes(r['peak_memory_bytes'])} allocated, "
-                        f"{_fmt_bytes(r['peak_reserved_bytes'])} reserved"),
+                        f"{_fmt_bytes(r['peak_reserved_bytes'])} reserved"
+                        + (" (CUDA graphs: their pool counts in reserved only)" if r.get("cuda_graphs") else "")),
         ("set-up / first step / warm-up", f"{r['setup_s']:.1f} s / {_fmt(r['first_step_s'])} s / "
                                            f"{r['warmup_s']:.1f} s ({r['warmup']} steps)"),
         ("compile cache", str(r["compile_cache"])),
@@ -768,6 +769,7 @@ def run_bench(args) -> dict:
             "preset": cfg.name, "device": (torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"),
             "world_size": W, "micro_steps": tr.micro_steps, "compile": cfg.train.compile if tr.compiled else "off",
             "attention_backend": d["attention_backend"], "fp8_head": d["fp8_head"], "dtype": d["dtype"],
+            "cuda_graphs": d["cuda_graphs"],
             "parameters": d["parameters"], "data": args.data, "overrides": list(args.overrides),
             "warmup": args.warmup, "steps": args.steps, "repeats": args.repeats,
             "progress": "spread" if args.progress is None else args.progress,

@@ -74,7 +74,8 @@ class ModelConfig:
     # pass over tiles that store both layouts), so the backward's grad_w product needs no transposed copy
     # (transpose.py, ~1.3 ms a 49,152-token micro-step on an H200). The same bytes up to the CE's pairing
     # of reciprocals. Off: measured slower (seventeenth session: 3.02-4.33 ms against 3.06 for the CE kernel
-    # plus the copy, docs/performance.md).
+    # plus the copy, docs/performance.md). Nineteenth session: the tiles now pack rows into words (byte-wise
+    # tiles transposed wrongly under Triton 3.6), 3.10-3.59 ms; step A/B +0.6 / -1.1 ms, 2.3 GiB more.
     ce_transposed: bool = False
     # Which warps of the Gluon head kernel compute the CE's row sums (head_gluon.py) from a tile's four
     # 64-column slices: "epilogue" (its 4-warp epilogue partition, beside the TMA stores of z) | "consumers"
@@ -197,7 +198,9 @@ class TrainConfig:
     # replay the whole-model compile's forward and backward as CUDA graphs (Inductor's cudagraph trees):
     # the same kernels, launched from a graph. Speed only. Each micro-step starts a new graph step, and
     # the first micro-step's gradients are copied out of the graph's memory (trainer.own_grads); where
-    # the step is not compiled on a GPU only that copy remains. Not yet measured on a GPU (performance.md)
+    # the step is not compiled on a GPU only that copy remains. Measured (nineteenth session, one H200):
+    # -0.5 to -3.5 ms/step in four A/B rounds; off by default for memory (a full run's graph pools reserve
+    # 33.4 GiB, the default allocates 27.4) and no multi-GPU test (docs/performance.md)
     cudagraphs: bool = False
     log_every: int = 1
     dtype: str = "auto"  # activations: "auto" (bfloat16 on CUDA, float32 on CPU) | "bfloat16" | "float32"

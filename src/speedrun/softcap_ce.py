@@ -62,6 +62,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from speedrun.kernel_choice import IMPLS, TRITON_FOUND, pick_impl  # noqa: F401 (this module's interface)
+from speedrun import transpose
 
 FORMS = ("sigmoid", "tanh", "none")
 SIGMOID_TEMPERATURE = 7.5  # the record's 30*sigmoid(z/7.5)
@@ -89,14 +90,12 @@ MATHS = ("precise", "tanh_approx", "lean")
 # the e5m2 gradient, 4,021 us for "precise"): POLY 1, 4,096 columns, 8 warps 3,289 us; the others
 # 3,345-3,500 us (POLY 0: 3,345-3,488, POLY 2: 3,416-3,500).
 LEAN_CONFIG = {"POLY": 1, "BLOCK_V": 4096, "num_warps": 8}
-# `launch_transposed`'s gradient tiles (rows x columns; a power of two each): 64 tokens give the transposed
-# store 64-byte runs, as transpose.py's measured copy kernel. On an H200 (seventeenth session) 3,375 us a
-# 49,152-token micro-step; 128 x 128 with 8 warps 3,020 (the fastest; not run through the GPU test); the CE
-# kernel plus the copy 3,064: `model.ce_transposed` stays off.
-# PACK: an 8-bit gradient's transposed tile built from 32-bit words of four rows (`_words_of_four_rows`),
-# where Triton's own transpose moves single bytes through shared memory; written in the eighteenth
-# session, not yet timed on a GPU (the head bench's PACK rows).
-TILE_CONFIG = {"BLOCK_M": 64, "BLOCK_V": 256, "num_warps": 8, "PACK": False}
+# `launch_transposed`'s gradient tiles (rows x columns; powers of two, rows a multiple of 4). Since the
+# nineteenth session the tiles pack four rows' e5m2 bytes into words (`_e5m2_word`) and move words through
+# shared memory: Triton 3.6 (the GPU machine's) transposed byte-wise tiles wrongly on an H200. Timed then
+# (49,152 tokens, row sums given): 32 x 128 / 4 warps 3,096 us, 64 x 128 / 4 3,236, 64 x 256 / 8 3,585,
+# against 3,100 for the CE kernel plus the transposed copy; `model.ce_transposed` stays off.
+TILE_CONFIG = {"BLOCK_M": 32, "BLOCK_V": 128, "num_warps": 4}
 
 
 # --------------------------------------------------------------------------- reference
@@ -158,7 +157,7 @@ tl = None
 _KERNEL = None
 _softcap_jit = _softcap_ce_kernel = None
 _rcp = _exp2_poly = _exp2 = _sigmoid_pair = _row_sum_pass = _row_loss = _softcap_ce_lean_kernel = None
-_ce_rows_kernel = _ce_grad_tile_kernel = _grad_rows = _byte_word = None
+_ce_rows_kernel = _ce_grad_tile_kernel = _grad_rows = _e5m2_word = _grad_store_rows = None
 _P1 = _P2 = _P3 = _P4 = _P5 = None  # EXP2_POLY as Triton constexprs, set with the kernels
 _FORM_CODE = {"none": 0, "sigmoid": 1, "tanh": 2}
 
@@ -272,7 +271,7 @@ EXP2_POLY = (0.6931470036506653, 0.24022242426872253, 0.05550733581185341, 0.009
 def _define_lean_kernel():
     """The "lean" kernel (the record's sigmoid form, static shift); bound as module globals like the others."""
     global _rcp, _exp2_poly, _exp2, _sigmoid_pair, _row_sum_pass, _row_loss, _softcap_ce_lean_kernel, _ce_rows_kernel
-    global _ce_grad_tile_kernel, _grad_rows, _byte_word, _P1, _P2, _P3, _P4, _P5
+    global _ce_grad_tile_kernel, _grad_rows, _e5m2_word, _grad_store_rows, _P1, _P2, _P3, _P4, _P5
     _P1, _P2, _P3, _P4, _P5 = (tl.constexpr(c) for c in EXP2_POLY)  # kernels read constexpr globals only
 
     @triton.jit
@@ -421,8 +420,8 @@ def _define_lean_kernel():
 
     @triton.jit
     def _grad_rows(Z, T, SHIFT, rm, ca, N, stride_z, cap2, k, C, V: tl.constexpr, HALF: tl.constexpr,
-                   FAST: tl.constexpr, OUT_DTYPE: tl.constexpr):
-        """g of rows rm at the column halves ca and ca + HALF (sharing reciprocals), and their masks."""
+                   FAST: tl.constexpr):
+        """g (float32) of rows rm at the column halves ca and ca + HALF (sharing reciprocals), and their masks."""
         cb = ca + HALF
         rok = rm < N
         shift = tl.load(SHIFT + rm, mask=rok, other=float("inf"))[:, None]
@@ -432,59 +431,65 @@ def _define_lean_kernel():
         okb = rok[:, None] & (cb < V)[None, :]
         sa, sb = _sigmoid_pair(tl.load(z_rows + ca[None, :], mask=oka, other=0.0).to(tl.float32),
                                tl.load(z_rows + cb[None, :], mask=okb, other=0.0).to(tl.float32), k, FAST)
-        ga = ((tl.exp2(cap2 * sa - shift) - tl.where(ca[None, :] == t, C, 0.0)) * tl.fma(-sa, sa, sa)).to(OUT_DTYPE)
-        gb = ((tl.exp2(cap2 * sb - shift) - tl.where(cb[None, :] == t, C, 0.0)) * tl.fma(-sb, sb, sb)).to(OUT_DTYPE)
+        ga = (tl.exp2(cap2 * sa - shift) - tl.where(ca[None, :] == t, C, 0.0)) * tl.fma(-sa, sa, sa)
+        gb = (tl.exp2(cap2 * sb - shift) - tl.where(cb[None, :] == t, C, 0.0)) * tl.fma(-sb, sb, sb)
         return ga, gb, oka, okb
 
     @triton.jit
-    def _byte_word(g, byte: tl.constexpr):
-        """An 8-bit tile's values as 32-bit words' byte `byte` (0 the lowest)."""
-        return g.to(tl.uint8, bitcast=True).to(tl.uint32) << (8 * byte)
+    def _e5m2_word(g0, g1, g2, g3, FAST: tl.constexpr):
+        """Four float32 tiles as e5m2 bytes of 32-bit words, g0 in the low byte (as the bytes lie in memory).
+        On CUDA two `cvt.rn.satfinite.e5m2x2.f32`, the instruction Triton's own float8e5 conversion uses
+        (so the bytes equal the row-major store's); Triton 3.6 miscompiled the bit casts of float8 tiles
+        this replaces (bytes 3 of half the words wrong on an H200, the nineteenth session). Elsewhere (the
+        interpreter) the conversion and bit casts."""
+        if FAST:
+            return tl.inline_asm_elementwise(
+                "{ .reg .b16 lo, hi; cvt.rn.satfinite.e5m2x2.f32 lo, $2, $1; "
+                "cvt.rn.satfinite.e5m2x2.f32 hi, $4, $3; mov.b32 $0, {lo, hi}; }",
+                "=r,f,f,f,f", [g0, g1, g2, g3], dtype=tl.int32, is_pure=True, pack=1)
+        else:
+            w = g0.to(tl.float8e5).to(tl.uint8, bitcast=True).to(tl.uint32)
+            w |= g1.to(tl.float8e5).to(tl.uint8, bitcast=True).to(tl.uint32) << 8
+            w |= g2.to(tl.float8e5).to(tl.uint8, bitcast=True).to(tl.uint32) << 16
+            w |= g3.to(tl.float8e5).to(tl.uint8, bitcast=True).to(tl.uint32) << 24
+            return w.to(tl.int32, bitcast=True)
 
     @triton.jit
     def _ce_grad_tile_kernel(Z, T, SHIFT, GRAD, GRAD_T, N, stride_z, cap, inv_scale, grad_mul, V: tl.constexpr,
-                             BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, FAST: tl.constexpr, PACK: tl.constexpr):
+                             BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, FAST: tl.constexpr):
         """The lean kernel's gradient pass for one BLOCK_M x BLOCK_V tile, given each row's SHIFT: g stored
-        row-major into GRAD (N, V) and transposed into GRAD_T (V, N), the tile's halves (a, b) sharing
-        reciprocals; the target column's -C s (1 - s) by a compare (rows and columns are a tile's here).
-        PACK (8-bit g, N % 4 == 0, GRAD_T the same memory as int32 (V, N // 4)): the tile as four
-        interleaved row sets 4j + r, so that each thread holds four consecutive rows of a column and packs
-        them into one word (row 4j in the low byte, as the bytes lie); the transpose then moves words,
-        where Triton's own moves single bytes through shared memory."""
+        row-major into GRAD (N, V) as e5m2 and transposed into GRAD_T, the same memory as int32 (V, N // 4);
+        the tile's halves (a, b) share reciprocals; the target column's -C s (1 - s) by a compare. The tile
+        is four interleaved row sets 4j + r, so that each thread holds four consecutive rows of a column and
+        packs them into one word (row 4j in the low byte, as the bytes lie); the transpose moves words."""
         HALF: tl.constexpr = BLOCK_V // 2
+        QUARTER: tl.constexpr = BLOCK_M // 4
         ca = tl.program_id(1) * BLOCK_V + tl.arange(0, HALF)
         cb = ca + HALF
         cap2 = cap * 1.4426950408889634
         k = -1.4426950408889634 * inv_scale
         C = cap * inv_scale * grad_mul
-        OUT: tl.constexpr = GRAD.dtype.element_ty
-        if PACK:
-            QUARTER: tl.constexpr = BLOCK_M // 4
-            rw = tl.program_id(0) * QUARTER + tl.arange(0, QUARTER)  # the tile's words along the rows
-            wa = tl.zeros((QUARTER, HALF), dtype=tl.uint32)
-            wb = tl.zeros((QUARTER, HALF), dtype=tl.uint32)
-            for r in tl.static_range(4):
-                rm = 4 * rw + r
-                ga, gb, oka, okb = _grad_rows(Z, T, SHIFT, rm, ca, N, stride_z, cap2, k, C, V, HALF, FAST, OUT)
-                g_rows = GRAD + rm[:, None].to(tl.int64) * V
-                tl.store(g_rows + ca[None, :], ga, mask=oka)
-                tl.store(g_rows + cb[None, :], gb, mask=okb)
-                wa |= _byte_word(ga, r)
-                wb |= _byte_word(gb, r)
-            NW = N // 4
-            wok = (rw < NW)[None, :]
-            tl.store(GRAD_T + ca[:, None].to(tl.int64) * NW + rw[None, :], tl.trans(wa.to(tl.int32, bitcast=True)),
-                     mask=(ca < V)[:, None] & wok)
-            tl.store(GRAD_T + cb[:, None].to(tl.int64) * NW + rw[None, :], tl.trans(wb.to(tl.int32, bitcast=True)),
-                     mask=(cb < V)[:, None] & wok)
-        else:
-            rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-            ga, gb, oka, okb = _grad_rows(Z, T, SHIFT, rm, ca, N, stride_z, cap2, k, C, V, HALF, FAST, OUT)
-            g_rows = GRAD + rm[:, None].to(tl.int64) * V
-            tl.store(g_rows + ca[None, :], ga, mask=oka)
-            tl.store(g_rows + cb[None, :], gb, mask=okb)
-            tl.store(GRAD_T + ca[:, None].to(tl.int64) * N + rm[None, :], tl.trans(ga), mask=tl.trans(oka))
-            tl.store(GRAD_T + cb[:, None].to(tl.int64) * N + rm[None, :], tl.trans(gb), mask=tl.trans(okb))
+        rw = tl.program_id(0) * QUARTER + tl.arange(0, QUARTER)  # the tile's words along the rows
+        ga0, gb0 = _grad_store_rows(Z, T, SHIFT, GRAD, 4 * rw, ca, N, stride_z, cap2, k, C, V, HALF, FAST)
+        ga1, gb1 = _grad_store_rows(Z, T, SHIFT, GRAD, 4 * rw + 1, ca, N, stride_z, cap2, k, C, V, HALF, FAST)
+        ga2, gb2 = _grad_store_rows(Z, T, SHIFT, GRAD, 4 * rw + 2, ca, N, stride_z, cap2, k, C, V, HALF, FAST)
+        ga3, gb3 = _grad_store_rows(Z, T, SHIFT, GRAD, 4 * rw + 3, ca, N, stride_z, cap2, k, C, V, HALF, FAST)
+        NW = N // 4
+        wok = (rw < NW)[None, :]
+        tl.store(GRAD_T + ca[:, None].to(tl.int64) * NW + rw[None, :], tl.trans(_e5m2_word(ga0, ga1, ga2, ga3, FAST)),
+                 mask=(ca < V)[:, None] & wok)
+        tl.store(GRAD_T + cb[:, None].to(tl.int64) * NW + rw[None, :], tl.trans(_e5m2_word(gb0, gb1, gb2, gb3, FAST)),
+                 mask=(cb < V)[:, None] & wok)
+
+    @triton.jit
+    def _grad_store_rows(Z, T, SHIFT, GRAD, rm, ca, N, stride_z, cap2, k, C, V: tl.constexpr, HALF: tl.constexpr,
+                         FAST: tl.constexpr):
+        """`_grad_rows`, stored row-major into GRAD as e5m2; the float32 tiles returned for the transpose."""
+        ga, gb, oka, okb = _grad_rows(Z, T, SHIFT, rm, ca, N, stride_z, cap2, k, C, V, HALF, FAST)
+        g_rows = GRAD + rm[:, None].to(tl.int64) * V
+        tl.store(g_rows + ca[None, :], ga.to(tl.float8e5), mask=oka)
+        tl.store(g_rows + (ca + HALF)[None, :], gb.to(tl.float8e5), mask=okb)
+        return ga, gb
 
 
 def lean_applies(form: str, cap: float, math: str, grad_mul: float = 1.0) -> bool:
@@ -542,16 +547,20 @@ def launch(z: Tensor, targets: Tensor, cap: float, form: str, want_grad: bool,
 def launch_transposed(z: Tensor, targets: Tensor, cap: float, grad_dtype: torch.dtype, grad_mul: float,
                       rowsums: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """Per-row losses, dL_i/dz * grad_mul (N, V) in grad_dtype, and the same gradient transposed (V, N),
-    which the FP8 head's grad_w product needs: the lean kernel's two passes as two kernels, the second
-    over tiles that store both layouts (so no separate transposed copy reads the gradient again). The
+    which the FP8 head's grad_w product needs. For an e5m2 gradient and N % 4 == 0 (the head's case): the
+    lean kernel's two passes as two kernels, the second over tiles that store both layouts (so no separate
+    transposed copy reads the gradient again). Otherwise the lean kernel and the transposed copy. The
     record's sigmoid form only (0 < cap <= 80); rowsums as `launch`'s."""
     _build_kernel()
     if not lean_applies("sigmoid", cap, "lean", grad_mul):
         raise ValueError(f"softcap_ce.launch_transposed: needs 0 < cap <= 80 and grad_mul > 0, got {cap}, {grad_mul}")
+    N, V = z.shape
+    if grad_dtype != torch.float8_e5m2 or N % 4:
+        losses, grad = launch(z, targets, cap, "sigmoid", True, grad_dtype, grad_mul, "lean", rowsums)
+        return losses, grad, transpose.transpose_copy(grad) if grad.element_size() == 1 else grad.T.contiguous()
     if z.stride(-1) != 1:
         z = z.contiguous()
     targets = targets.contiguous()
-    N, V = z.shape
     losses = torch.empty(N, dtype=torch.float32, device=z.device)
     grad = torch.empty((N, V), dtype=grad_dtype, device=z.device)
     grad_t = torch.empty((V, N), dtype=grad_dtype, device=z.device)
@@ -569,14 +578,13 @@ def launch_transposed(z: Tensor, targets: Tensor, cap: float, grad_dtype: torch.
                           ROWSUMS=rowsums is not None, RS_BLOCK=max(16, _next_pow2(rs_cols)),
                           num_warps=LEAN_CONFIG["num_warps"])
     bm, bv = TILE_CONFIG["BLOCK_M"], TILE_CONFIG["BLOCK_V"]
-    pack = TILE_CONFIG["PACK"] and grad_t.element_size() == 1 and N % 4 == 0 and bm >= 4
     _ce_grad_tile_kernel[(triton.cdiv(N, bm), triton.cdiv(V, bv))](
-        z, targets, shift, grad, grad_t.view(torch.int32) if pack else grad_t, N, z.stride(0), float(cap),
-        inv_scale, float(grad_mul), V=V, BLOCK_M=bm, BLOCK_V=bv, FAST=fast, PACK=pack,
-        num_warps=TILE_CONFIG["num_warps"])
+        z, targets, shift, grad, grad_t.view(torch.int32), N, z.stride(0), float(cap), inv_scale, float(grad_mul),
+        V=V, BLOCK_M=bm, BLOCK_V=bv, FAST=fast, num_warps=TILE_CONFIG["num_warps"])
     return losses, grad, grad_t
 
-def compile_tile_offline(pack: bool, block_m: int = 64, block_v: int = 256, num_warps: int = 8, v: int = 50304):
+
+def compile_tile_offline(block_m: int = 64, block_v: int = 256, num_warps: int = 8, v: int = 50304):
     """`launch_transposed`'s tile kernel for sm_90 without a GPU (Triton's bundled ptxas), an e5m2
     gradient at the record's vocabulary; the CompiledKernel. Pointers and N assumed 16-aligned."""
     from triton.backends.compiler import GPUTarget
@@ -584,8 +592,8 @@ def compile_tile_offline(pack: bool, block_m: int = 64, block_v: int = 256, num_
 
     _build_kernel()
     kernel = _ce_grad_tile_kernel
-    consts = dict(V=v, BLOCK_M=block_m, BLOCK_V=block_v, FAST=True, PACK=pack)
-    signature = {"Z": "*bf16", "T": "*i64", "SHIFT": "*fp32", "GRAD": "*fp8e5", "GRAD_T": "*i32" if pack else "*fp8e5",
+    consts = dict(V=v, BLOCK_M=block_m, BLOCK_V=block_v, FAST=True)
+    signature = {"Z": "*bf16", "T": "*i64", "SHIFT": "*fp32", "GRAD": "*fp8e5", "GRAD_T": "*i32",
                  "N": "i32", "stride_z": "i32", "cap": "fp32", "inv_scale": "fp32", "grad_mul": "fp32"}
     signature.update({name: "constexpr" for name in consts})
     attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]]

@@ -302,6 +302,7 @@ class Trainer:
             "micro_steps": self.micro_steps, "dtype": str(self.dtype).replace("torch.", ""),
             "attention_backend": self.model.attention_backend, "fp8_head": self.model.use_fp8,
             "compile": self.compiled, "device": str(self.device),
+            "cuda_graphs": bool(self.cfg.train.cudagraphs and self.compiled),
         }
 
     def _write_run_header(self) -> None:
@@ -544,13 +545,16 @@ class Trainer:
         t = self.cfg.train
         self.guard.close()  # the last checkpoint write, if one is in flight
         self.save_dynamo_packages()  # graphs compiled since the first timed step (a late first validation)
-        peak = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None
+        cuda = self.device.type == "cuda"
+        peak = torch.cuda.max_memory_allocated(self.device) if cuda else None
+        # CUDA graphs replay from a private pool filled at capture (in the warm-up): it shows in reserved only
+        reserved = torch.cuda.max_memory_reserved(self.device) if cuda else None
         sampler, self._clocks = self._clocks, None
         clocks = sampler.stop() if sampler is not None else None  # validations included (a few % of the run)
         summary = {
             "preset": self.cfg.name, "steps": t.steps, "final_val_loss": val_loss,
             "train_time_ms": clock.elapsed * 1000, "ms_per_step": clock.elapsed * 1000 / t.steps,
-            "peak_memory_bytes": peak, "cold_start_s": cold_start,
+            "peak_memory_bytes": peak, "peak_reserved_bytes": reserved, "cold_start_s": cold_start,
             "cold_start_phases_s": self.startup.as_dict(),
             "graphs_compiled_in_timed_run": compiled_graphs() - self._graphs_at_start - self._graphs_in_validation,
             "tokens": t.steps * self.tokens_per_step, "gpu_clocks": clocks, **self.describe(),
