@@ -169,6 +169,10 @@ def device_bench(out_path):
           "e5m2 bytes differing", res["ce_e5m2_bytes_differing"])
     print("CE writing both layouts vs one: e5m2 bytes differing", res["ce_transposed_e5m2_bytes_differing"],
           "transpose exact", res["ce_transposed_exact"], "per tile shape", res.get("tile_exact"))
+    wrong = [name for name, ok in {"default": res["ce_transposed_exact"], **res.get("tile_exact", {})}.items() if not ok]
+    if wrong:  # a correctness check, not a timing: fail the run (two sessions printed False unread)
+        sys.exit(f"head bench: ERROR: launch_transposed's transposed gradient is not the transpose of its own "
+                 f"(tiles {', '.join(wrong)})")
 
 
 if __name__ == "__main__":
