@@ -57,6 +57,18 @@ def curves(run: Path) -> tuple[dict, dict]:
     return train_l, val_l
 
 
+def assert_curves_close(run_a: Path, run_b: Path, rel: float = 1e-4) -> None:
+    """The two runs logged the same steps, and every train and validation loss agrees to `rel` (the
+    compiled step's run-to-run spread: its kernels' sums are not ordered)."""
+    import pytest
+
+    (train_a, val_a), (train_b, val_b) = curves(run_a), curves(run_b)
+    assert train_a.keys() == train_b.keys() and val_a.keys() == val_b.keys()
+    for a, b in ((train_a, train_b), (val_a, val_b)):
+        for step in a:
+            assert b[step] == pytest.approx(a[step], rel=rel), step
+
+
 def events(run: Path, kind: str) -> list[dict]:
     return [r for r in records(run) if r.get("event") == kind]
 

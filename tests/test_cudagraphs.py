@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from reliability_helpers import curves, train
+from reliability_helpers import assert_curves_close, curves, train
 from speedrun.config import validate
 from speedrun.errors import ConfigError
 from speedrun.presets import record
@@ -46,11 +46,6 @@ def test_gpu_graphs_train_like_the_compiled_step(tmp_path):
     gpu = ["--set", "train.compile=on", "--set", "train.precompile=false", "--set", "train.warmup_steps=2"]
     assert train(tmp_path / "a", *gpu, steps=6) == 0
     assert train(tmp_path / "b", *gpu, "--set", "train.cudagraphs=true", steps=6) == 0
-    (train_a, val_a), (train_b, val_b) = curves(tmp_path / "a"), curves(tmp_path / "b")
-    assert train_a.keys() == train_b.keys() and val_a.keys() == val_b.keys()
-    for step in train_a:
-        assert train_b[step] == pytest.approx(train_a[step], rel=1e-4), step
-    for step in val_a:
-        assert val_b[step] == pytest.approx(val_a[step], rel=1e-4), step
+    assert_curves_close(tmp_path / "a", tmp_path / "b")
     summary = json.loads((tmp_path / "b" / "summary.json").read_text())
     assert summary["cuda_graphs"] is True and summary["peak_reserved_bytes"] > 0

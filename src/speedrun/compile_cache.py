@@ -112,6 +112,10 @@ def graph_config(cfg) -> dict:
     train = {k: t[k] for k in ("seq_len", "val_seq_len", "batch_seqs", "dtype", "compile")}
     if t["cudagraphs"]:  # Dynamo's package holds the graphs' wrapper; named only when on (older keys hold)
         train["cudagraphs"] = True
+    if t.get("pdl"):  # Inductor's option is in its own keys; Dynamo's packages need it named here
+        train["pdl"] = True
+    if t.get("grad_accum", "auto") != "auto":  # auto resolves from fields the key holds (and world_size)
+        train["grad_accum"] = t["grad_accum"]
     return {"model": d["model"], "attention": d["attention"], "train": train}
 
 

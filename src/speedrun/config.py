@@ -199,9 +199,19 @@ class TrainConfig:
     # the same kernels, launched from a graph. Speed only. Each micro-step starts a new graph step, and
     # the first micro-step's gradients are copied out of the graph's memory (trainer.own_grads); where
     # the step is not compiled on a GPU only that copy remains. Measured (nineteenth session, one H200):
-    # -0.5 to -3.5 ms/step in four A/B rounds; off by default for memory (a full run's graph pools reserve
-    # 33.4 GiB, the default allocates 27.4) and no multi-GPU test (docs/performance.md)
+    # -0.5 to -3.5 ms/step in four A/B rounds against autograd's gradient adds, which it needs (replays would
+    # copy grad_accum's sums into static inputs): slower than the default since grad_accum=graph; off also
+    # for memory (a full run's graph pools reserve 33.4 GiB) and no multi-GPU test (docs/performance.md)
     cudagraphs: bool = False
+    # where the micro-steps' gradients add up (grad_accum.py): "graph" inside the compiled backward (the
+    # add fused into the kernel that writes each gradient; the same values bit for bit), "autograd" by
+    # autograd's own eager adds, "auto" = graph where the whole model is compiled without CUDA graphs and
+    # a step has several micro-steps. Speed only.
+    grad_accum: str = "auto"
+    # Inductor's Triton kernels launched with programmatic dependent launch (Hopper+): each kernel starts
+    # while the one before finishes, and waits for its results at its first dependent load
+    # (`torch._inductor.config.triton.enable_pdl`). Whole-model compile only. Speed only.
+    pdl: bool = False
     log_every: int = 1
     dtype: str = "auto"  # activations: "auto" (bfloat16 on CUDA, float32 on CPU) | "bfloat16" | "float32"
     sample_tokens: int = 0  # print this many sampled tokens at the end (demo)
@@ -445,6 +455,13 @@ def validate(cfg: RunConfig, world_size: int = 1) -> None:
         (t.compile in ("auto", "on", "regional", "off"), "train.compile",
          f"must be auto, on, regional or off, got {t.compile!r}"),
         (not (t.cudagraphs and t.compile == "regional"), "train.cudagraphs",
+         "needs the whole-model compile (train.compile auto or on), got train.compile=regional"),
+        (t.grad_accum in ("auto", "graph", "autograd"), "train.grad_accum",
+         f"must be auto, graph or autograd, got {t.grad_accum!r}"),
+        (not (t.grad_accum == "graph" and (t.cudagraphs or t.compile == "regional")), "train.grad_accum",
+         "graph needs the whole-model compile without CUDA graphs (or no compile), got "
+         f"train.compile={t.compile}, train.cudagraphs={t.cudagraphs}"),
+        (not (t.pdl and t.compile == "regional"), "train.pdl",
          "needs the whole-model compile (train.compile auto or on), got train.compile=regional"),
         (0 <= cfg.schedule.cooldown_frac <= 1, "schedule.cooldown_frac", "must be in [0, 1]"),
         (0 <= cfg.schedule.warmup_frac <= 1, "schedule.warmup_frac", "must be in [0, 1]"),

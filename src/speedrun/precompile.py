@@ -144,7 +144,7 @@ def warm_eval(step_model, model, cfg, device: torch.device, dtype: torch.dtype) 
 
 
 def run_child(cfg, device: torch.device, world_size: int, rank: int = 0) -> None:
-    from speedrun import dynamo_cache
+    from speedrun import dynamo_cache, grad_accum
     from speedrun.compile_cache import key_local_caches
     from speedrun.regional import compile_step_model
     from speedrun.train import build_model, pick_dtype
@@ -155,7 +155,9 @@ def run_child(cfg, device: torch.device, world_size: int, rank: int = 0) -> None
     model = build_model(cfg, device, world_size, dtype)
     key_local_caches()  # the same cache keys as the trainer's
     dynamo_cache.enable(cfg, device, world_size, rank)  # the same cache entries' form; never saved here
-    step_model = compile_step_model(model, cfg.train.compile, True, cfg.train.cudagraphs)
+    summed = grad_accum.resolve(cfg.train.grad_accum, cfg.train.compile, True, cfg.train.cudagraphs,
+                                cfg.train.batch_seqs // world_size) == "graph"
+    step_model = compile_step_model(model, cfg.train.compile, True, cfg.train.cudagraphs, summed, cfg.train.pdl)
     for name, fn in (("head", lambda: warm_head(model, cfg, device)),
                      ("evaluation graph", lambda: warm_eval(step_model, model, cfg, device, dtype))):
         t0 = time.time()

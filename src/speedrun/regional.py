@@ -73,12 +73,28 @@ def compile_regions(model: nn.Module, dynamic: bool = False) -> RegionalModel:
     return RegionalModel(model, dynamic=dynamic)
 
 
-def compile_step_model(model: nn.Module, mode: str, compiled: bool, cudagraphs: bool = False) -> nn.Module:
+def compile_step_model(model: nn.Module, mode: str, compiled: bool, cudagraphs: bool = False,
+                       summed: bool = False, pdl: bool = False) -> nn.Module:
     """The module the trainer calls: the model itself, whole-model compiled (its graphs replayed as CUDA
-    graphs with `cudagraphs`), or regional."""
+    graphs with `cudagraphs`; Inductor's Triton kernels launched with programmatic dependent launch with
+    `pdl`), or regional; with `summed` (train.grad_accum=graph) wrapped in `grad_accum.SummedModel`,
+    whose forward takes the running gradient sums."""
+    from speedrun.grad_accum import SummedModel, allow_caching
+
+    if summed:
+        allow_caching()
+    step_model = SummedModel(model) if summed else model
     if not compiled:
-        return model
+        return step_model
     if mode == "regional":
+        if summed or pdl:
+            raise ValueError("train.grad_accum=graph and train.pdl need the whole-model compile, not regional")
         return compile_regions(model)
-    options = {"triton.cudagraphs": True} if cudagraphs else None
-    return torch.compile(model, dynamic=False, fullgraph=True, options=options)
+    options = {}
+    if cudagraphs:
+        options["triton.cudagraphs"] = True
+    if pdl:
+        if not hasattr(torch._inductor.config.triton, "enable_pdl"):
+            raise ValueError(f"train.pdl: this torch ({torch.__version__}) has no Inductor option triton.enable_pdl")
+        options["triton.enable_pdl"] = True
+    return torch.compile(step_model, dynamic=False, fullgraph=True, options=options or None)

@@ -265,9 +265,15 @@ class Trainer:
         self.startup.mark("compile_cache")
         self.model = build_model(cfg, self.device, info.world_size, self.dtype)
         self.startup.mark("model")
+        from speedrun import grad_accum
+
+        self.grad_accum = grad_accum.resolve(cfg.train.grad_accum, cfg.train.compile, self.compiled,
+                                             cfg.train.cudagraphs, self.micro_steps)
+        self.grad_sums = grad_accum.GradSums(self.model) if self.grad_accum == "graph" else None
         self.step_model = dynamo_cache.compile_with(  # whole model or regional
             self.dynamo_packages, lambda: compile_step_model(self.model, cfg.train.compile, self.compiled,
-                                                          cfg.train.cudagraphs))
+                                                          cfg.train.cudagraphs, self.grad_sums is not None,
+                                                          cfg.train.pdl))
         self.optimizers = build_optimizers(self.model, cfg.optim)
         train_files, self.val_file = resolve_data(cfg)
         from speedrun.loader import TrainLoader
@@ -303,6 +309,7 @@ class Trainer:
             "attention_backend": self.model.attention_backend, "fp8_head": self.model.use_fp8,
             "compile": self.compiled, "device": str(self.device),
             "cuda_graphs": bool(self.cfg.train.cudagraphs and self.compiled),
+            "grad_accum": self.grad_accum,
         }
 
     def _write_run_header(self) -> None:
@@ -349,8 +356,10 @@ class Trainer:
         with self.guard.health.watch(step):  # activation hooks, on health steps only
             for i, (inputs, targets) in enumerate(batches):
                 self.mark_graph_step()
-                loss = self.guard.loss(self.step_model(inputs, targets, window, self.dtype))
+                loss = self.guard.loss(self.forward(inputs, targets, window))
                 (loss / len(batches)).backward()
+                if self.grad_sums is not None:
+                    self.grad_sums.end()
                 if i == 0:
                     self.own_grads()
                 total += loss.detach()
@@ -364,6 +373,13 @@ class Trainer:
         mean = all_reduce_mean(total / (len(batches) * self.cfg.train.seq_len))
         self.guard.after_update(step, mean)
         return mean
+
+    def forward(self, inputs: torch.Tensor, targets: torch.Tensor, window: torch.Tensor) -> torch.Tensor:
+        """A training micro-step's loss; with train.grad_accum=graph its backward adds the gradients
+        into the running sums (grad_accum.py)."""
+        if self.grad_sums is None:
+            return self.step_model(inputs, targets, window, self.dtype)
+        return self.step_model(inputs, targets, window, self.dtype, self.grad_sums.begin())
 
     def mark_graph_step(self) -> None:
         """With train.cudagraphs: a new graph step before each forward. The last replay's outputs (the

@@ -1,0 +1,128 @@
+"""Gradient accumulation inside the compiled backward (`train.grad_accum`).
+
+A step of the record is eight micro-steps. After each backward but the first, autograd adds every
+parameter's new gradient into `.grad` with its own eager kernel (AccumulateGrad): 390 read-read-write
+passes a step, 6.3 ms/step on an H200 (`aten::add_` in the profile), after the compiled backward has
+already written each gradient once (the float32 weights' gradients as a bfloat16 -> float32 cast).
+
+Here the running sums go into the compiled step as inputs, and each parameter's gradient leaves the
+backward already added to its sum: `SummedModel` hands the model, through `torch.func.functional_call`,
+each parameter wrapped in `_SumInto`, an identity whose backward returns `sum + grad`. Inductor fuses
+that add into the kernel that writes the gradient, and autograd gives the result to `.grad` as it is
+(`.grad` is cleared before each micro-step, `GradSums`), with no pass of its own.
+
+Same values, bit for bit: float32 addition of the same two numbers, which is commutative. For a
+bfloat16 parameter (the embedding tables) the micro-step's gradient is rounded to bfloat16 explicitly
+first (`round_bf16`): inside a fused kernel Inductor keeps the intermediate in float32, and would
+otherwise add the unrounded value. The CPU tests hold both paths to each other exactly, compiled.
+
+The first micro-step adds to zeros (kept, one copy of the parameters, so that every micro-step runs
+one graph). Where this cannot pay, `resolve` picks autograd: no compile, one micro-step, CUDA graphs
+(whose replays would copy the sums into static inputs), regional compilation (the add would run
+eagerly). Measured: -3.3 to -4.9 ms/step (docs/performance.md)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+MODES = ("auto", "graph", "autograd")
+
+
+def resolve(mode: str, compile_mode: str, compiled: bool, cudagraphs: bool, micro_steps: int) -> str:
+    """"graph" or "autograd" for a run: `auto` is "graph" where the whole model is compiled, without
+    CUDA graphs, and a step has more than one micro-step."""
+    if mode != "auto":
+        return mode
+    whole = compiled and compile_mode in ("auto", "on")
+    return "graph" if whole and not cudagraphs and micro_steps > 1 else "autograd"
+
+
+def round_bf16(x: Tensor) -> Tensor:
+    """float32 x rounded to the nearest bfloat16 (ties to even), kept in float32, in integer arithmetic
+    that a fused kernel cannot skip. NaN stays NaN; overflow goes to inf, as the cast does."""
+    bits = x.view(torch.int32)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
+    return torch.where(x.isnan(), x, rounded.view(torch.float32))
+
+
+def add_gradient(total: Tensor, grad: Tensor) -> Tensor:
+    """`total + grad` with AccumulateGrad's value: for bfloat16, one float32 add of the two bfloat16
+    values, rounded once."""
+    if grad.dtype == torch.bfloat16:
+        return (total.float() + round_bf16(grad.float())).to(torch.bfloat16)
+    return total + grad
+
+
+class _SumInto(torch.autograd.Function):
+    """Identity on p; its backward returns the running sum plus p's gradient."""
+
+    @staticmethod
+    def forward(ctx, p: Tensor, total: Tensor) -> Tensor:
+        ctx.save_for_backward(total)
+        return p.view_as(p)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (total,) = ctx.saved_tensors
+        return add_gradient(total, grad), None
+
+
+def allow_caching() -> None:
+    """Let AOTAutograd's cache (and so Dynamo's packages, `dynamo_cache.py`) keep graphs that hold
+    `_SumInto`: torch bypasses custom autograd Functions by default because it does not hash their
+    code. Safe here: every cache speedrun uses is keyed by speedrun's sources (`compile_cache.key_parts`,
+    `key_local_caches`), so a changed Function never meets an old entry."""
+    cfg = torch._functorch.config
+    if hasattr(cfg, "autograd_cache_allow_custom_autograd_functions"):
+        cfg.autograd_cache_allow_custom_autograd_functions = True
+
+
+def trained_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    return [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+
+
+class SummedModel(nn.Module):
+    """The step model with `train.grad_accum=graph`: `forward(tokens, targets, long_blocks, dtype, sums)`
+    is the model's forward whose backward adds the gradients into `sums` (one tensor per trained
+    parameter, in `trained_parameters` order); without sums (validation) the model's forward as is."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, tokens: Tensor, targets: Tensor, long_blocks: Tensor, dtype: torch.dtype = torch.float32,
+                sums: list[Tensor] | None = None) -> Tensor:
+        if sums is None:
+            return self.model(tokens, targets, long_blocks, dtype)
+        named = trained_parameters(self.model)
+        if len(named) != len(sums):
+            raise ValueError(f"SummedModel: {len(sums)} sums for {len(named)} trained parameters")
+        params = {name: _SumInto.apply(p, s) for (name, p), s in zip(named, sums)}
+        return torch.func.functional_call(self.model, params, (tokens, targets, long_blocks, dtype))
+
+
+class GradSums:
+    """The trainer's side of `graph`: before each micro-step, the running sums (`.grad`, or zeros where
+    there is none yet) and `.grad` cleared, so that autograd takes the backward's sums as they are;
+    after it, a sum put back where the micro-step gave its parameter no gradient."""
+
+    def __init__(self, model: nn.Module):
+        self.params = [p for _, p in trained_parameters(model)]
+        self._zeros: list[Tensor] | None = None
+        self._before: list[Tensor | None] = []
+
+    def begin(self) -> list[Tensor]:
+        if self._zeros is None:
+            self._zeros = [torch.zeros_like(p) for p in self.params]
+        self._before = [p.grad for p in self.params]
+        sums = [z if g is None else g for g, z in zip(self._before, self._zeros)]
+        for p in self.params:
+            p.grad = None
+        return sums
+
+    def end(self) -> None:
+        for p, g in zip(self.params, self._before):
+            if p.grad is None and g is not None:
+                p.grad = g
+        self._before = []

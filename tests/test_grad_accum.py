@@ -1,0 +1,128 @@
+"""train.grad_accum=graph: the micro-steps' gradients added up inside the compiled backward. It must give
+autograd's sums bit for bit (compiled on the CPU, with a bfloat16 table whose rounding Inductor would
+otherwise skip), keep a sum a micro-step did not touch, and train the tiny model exactly as autograd
+does. On a GPU the compiled run must train like the autograd one."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from reliability_helpers import assert_curves_close, curves, train
+from speedrun import grad_accum
+from speedrun.config import validate
+from speedrun.errors import ConfigError
+from speedrun.presets import record
+from speedrun.regional import compile_step_model
+
+
+class Small(nn.Module):
+    """A bfloat16 embedding table, two float32 weights used in bfloat16 (as the model's linears), and a
+    weight that only some micro-steps use (long_blocks > 0)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(97, 32).to(torch.bfloat16)
+        self.up = nn.Parameter(torch.randn(64, 32) / 6)
+        self.down = nn.Parameter(torch.randn(32, 64) / 8)
+        self.sometimes = nn.Parameter(torch.randn(32))
+
+    def forward(self, tokens, targets, long_blocks, dtype=torch.bfloat16):
+        x = self.embed(tokens)
+        h = F.linear(x, self.up.to(dtype)).relu().square()
+        y = F.linear(h, self.down.to(dtype)).float()
+        if long_blocks:
+            y = y * self.sometimes
+        return F.cross_entropy(F.linear(y, self.embed.weight.float()), targets)
+
+
+def _accumulate(step_model, model, batches, sums: grad_accum.GradSums | None):
+    for p in model.parameters():
+        p.grad = None
+    for tokens, targets, flag in batches:
+        if sums is None:
+            loss = step_model(tokens, targets, flag, torch.bfloat16)
+        else:
+            loss = step_model(tokens, targets, flag, torch.bfloat16, sums.begin())
+        (loss / len(batches)).backward()
+        if sums is not None:
+            sums.end()
+    return {name: None if p.grad is None else p.grad.clone() for name, p in model.named_parameters()}
+
+
+def test_compiled_sums_equal_autograd_bit_for_bit():
+    torch.manual_seed(0)
+    model = Small()
+    gen = torch.Generator().manual_seed(1)
+    batches = [(torch.randint(0, 97, (48,), generator=gen), torch.randint(0, 97, (48,), generator=gen), flag)
+               for flag in (0, 1, 0, 0)]  # `sometimes` gets a gradient in the second micro-step only
+    plain = compile_step_model(model, "on", True)
+    want = _accumulate(plain, model, batches, None)
+    summed = compile_step_model(model, "on", True, summed=True)
+    got = _accumulate(summed, model, batches, grad_accum.GradSums(model))
+    assert want.keys() == got.keys()
+    for name in want:
+        assert got[name].dtype == want[name].dtype and torch.equal(got[name], want[name]), name
+    assert want["embed.weight"].dtype == torch.bfloat16
+    # a parameter no micro-step reaches keeps no gradient, as with autograd
+    none = _accumulate(summed, model, [(b[0], b[1], 0) for b in batches[:2]], grad_accum.GradSums(model))
+    assert none["sometimes"] is None and none["up"] is not None
+
+
+def test_round_bf16_is_the_cast():
+    x = torch.cat([torch.randn(10_000) * 10.0 ** torch.randint(-40, 38, (10_000,)),
+                   torch.tensor([0.0, -0.0, 1.0 + 2**-8, 1.0 + 3 * 2**-8, 3.3895e38, -3.3895e38, 1e-45,
+                                 float("inf"), float("-inf")])])
+    want = x.bfloat16().float()
+    assert torch.equal(grad_accum.round_bf16(x), want)
+    assert grad_accum.round_bf16(torch.tensor([float("nan")])).isnan().all()
+
+
+def test_resolve_and_config_check():
+    assert grad_accum.resolve("auto", "auto", True, False, 8) == "graph"
+    assert grad_accum.resolve("auto", "on", True, True, 8) == "autograd"  # CUDA graphs
+    assert grad_accum.resolve("auto", "regional", True, False, 8) == "autograd"
+    assert grad_accum.resolve("auto", "auto", False, False, 8) == "autograd"  # not compiled
+    assert grad_accum.resolve("auto", "auto", True, False, 1) == "autograd"  # one micro-step
+    assert grad_accum.resolve("graph", "auto", False, False, 1) == "graph"
+    cfg = record()
+    cfg.train.grad_accum = "graph"
+    validate(cfg, 1)
+    for field, value in (("cudagraphs", True), ("compile", "regional")):
+        bad = record()
+        bad.train.grad_accum = "graph"
+        setattr(bad.train, field, value)
+        with pytest.raises(ConfigError, match="train.grad_accum"):
+            validate(bad, 1)
+    bad = record()
+    bad.train.grad_accum = "fused"
+    with pytest.raises(ConfigError, match="train.grad_accum"):
+        validate(bad, 1)
+
+
+def test_tiny_run_unchanged(tmp_path):
+    """The tiny model (eager on the CPU, two micro-steps) with graph sums: every loss as autograd's."""
+    assert train(tmp_path / "a", "--set", "train.grad_accum=autograd", steps=4) == 0
+    assert train(tmp_path / "b", "--set", "train.grad_accum=graph", steps=4) == 0
+    assert curves(tmp_path / "a") == curves(tmp_path / "b")
+    env = json.loads((tmp_path / "b" / "env.json").read_text())
+    assert env["run"]["grad_accum"] == "graph"
+
+
+@pytest.mark.gpu
+def test_gpu_graph_sums_train_like_autograd(tmp_path):
+    """The tiny run compiled on the GPU in bfloat16 (its embedding tables too), with sums in the graph
+    (the default there) and with autograd's: the same losses to within the compiled step's run-to-run
+    spread."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    gpu = ["--set", "train.compile=on", "--set", "train.precompile=false", "--set", "train.warmup_steps=2",
+           "--set", "train.dtype=bfloat16"]
+    assert train(tmp_path / "a", *gpu, "--set", "train.grad_accum=autograd", steps=6) == 0
+    assert train(tmp_path / "b", *gpu, steps=6) == 0
+    assert_curves_close(tmp_path / "a", tmp_path / "b")
+    assert json.loads((tmp_path / "b" / "env.json").read_text())["run"]["grad_accum"] == "graph"
