@@ -6,6 +6,8 @@ does. On a GPU the compiled run must train like the autograd one."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -54,23 +56,46 @@ def _accumulate(step_model, model, batches, sums: grad_accum.GradSums | None):
     return {name: None if p.grad is None else p.grad.clone() for name, p in model.named_parameters()}
 
 
+def _batches(flags):
+    gen = torch.Generator().manual_seed(1)
+    return [(torch.randint(0, 97, (48,), generator=gen), torch.randint(0, 97, (48,), generator=gen), flag)
+            for flag in flags]
+
+
 def test_compiled_sums_equal_autograd_bit_for_bit():
     torch.manual_seed(0)
     model = Small()
-    gen = torch.Generator().manual_seed(1)
-    batches = [(torch.randint(0, 97, (48,), generator=gen), torch.randint(0, 97, (48,), generator=gen), flag)
-               for flag in (0, 1, 0, 0)]  # `sometimes` gets a gradient in the second micro-step only
-    plain = compile_step_model(model, "on", True)
-    want = _accumulate(plain, model, batches, None)
-    summed = compile_step_model(model, "on", True, summed=True)
-    got = _accumulate(summed, model, batches, grad_accum.GradSums(model))
-    assert want.keys() == got.keys()
-    for name in want:
+    batches = _batches((0, 0, 0, 0))
+    want = _accumulate(compile_step_model(model, "on", True), model, batches, None)
+    got = _accumulate(compile_step_model(model, "on", True, summed=True), model, batches, grad_accum.GradSums(model))
+    assert want.keys() == got.keys() and want["sometimes"] is None and got["sometimes"] is None
+    for name in ("embed.weight", "up", "down"):
         assert got[name].dtype == want[name].dtype and torch.equal(got[name], want[name]), name
     assert want["embed.weight"].dtype == torch.bfloat16
-    # a parameter no micro-step reaches keeps no gradient, as with autograd
-    none = _accumulate(summed, model, [(b[0], b[1], 0) for b in batches[:2]], grad_accum.GradSums(model))
+
+
+def test_a_parameter_some_micro_steps_skip_keeps_its_sum():
+    """`sometimes` gets a gradient in the second micro-step only (eager: the sums' bookkeeping is the
+    trainer's, the same compiled or not)."""
+    torch.manual_seed(0)
+    model = Small()
+    batches = _batches((0, 1, 0, 0))
+    want = _accumulate(model, model, batches, None)
+    got = _accumulate(compile_step_model(model, "on", False, summed=True), model, batches,
+                      grad_accum.GradSums(model))
+    for name in want:
+        assert torch.equal(got[name], want[name]), name
+    none = _accumulate(compile_step_model(model, "on", False, summed=True), model, batches[:1],
+                       grad_accum.GradSums(model))
     assert none["sometimes"] is None and none["up"] is not None
+
+
+def test_allow_caching_in_a_fresh_process():
+    """Before anything has compiled (torch._functorch.config not yet imported), as in the trainer."""
+    code = ("from speedrun import grad_accum; grad_accum.allow_caching(); import torch._functorch.config as c; "
+            "assert c.autograd_cache_allow_custom_autograd_functions")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
 
 
 def test_round_bf16_is_the_cast():

@@ -73,7 +73,8 @@ def allow_caching() -> None:
     `_SumInto`: torch bypasses custom autograd Functions by default because it does not hash their
     code. Safe here: every cache speedrun uses is keyed by speedrun's sources (`compile_cache.key_parts`,
     `key_local_caches`), so a changed Function never meets an old entry."""
-    cfg = torch._functorch.config
+    import torch._functorch.config as cfg
+
     if hasattr(cfg, "autograd_cache_allow_custom_autograd_functions"):
         cfg.autograd_cache_allow_custom_autograd_functions = True
 
