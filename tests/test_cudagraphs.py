@@ -28,10 +28,13 @@ def test_gradient_copies_leave_training_unchanged(tmp_path):
     assert summary["cuda_graphs"] is False and summary["peak_reserved_bytes"] is None
 
 
-def test_regional_compile_rejected():
+@pytest.mark.parametrize("option", ["cudagraphs", "pdl"])
+def test_whole_model_options_reject_regional_compile(option):
+    """train.cudagraphs and train.pdl (test_pdl.py) act on the whole-model compile only."""
     cfg = record()
-    cfg.train.cudagraphs, cfg.train.compile = True, "regional"
-    with pytest.raises(ConfigError, match="train.cudagraphs"):
+    cfg.train.compile = "regional"
+    setattr(cfg.train, option, True)
+    with pytest.raises(ConfigError, match=f"train.{option}"):
         validate(cfg, 1)
     cfg.train.compile = "on"
     validate(cfg, 1)

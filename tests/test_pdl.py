@@ -1,6 +1,7 @@
-"""train.pdl: Inductor's Triton kernels launched with programmatic dependent launch. The config check keeps
-it to the whole-model compile, the compile keys name it, and on a GPU the compiled run must train like the
-one without and its generated kernels must carry the dependent-launch wait."""
+"""train.pdl: Inductor's Triton kernels launched with programmatic dependent launch. The compile keys
+name it (the config check that keeps it to the whole-model compile is in test_cudagraphs.py), and on a
+GPU the compiled run must train like the one without and its kernels must carry the dependent-launch
+wait."""
 
 from __future__ import annotations
 
@@ -9,18 +10,13 @@ import torch
 
 from reliability_helpers import assert_curves_close, train
 from speedrun.compile_cache import graph_config
-from speedrun.config import validate
-from speedrun.errors import ConfigError
 from speedrun.presets import record
 
 
-def test_regional_compile_rejected_and_key_names_it():
+def test_key_names_it():
+    """(Its rejection of regional compilation: test_cudagraphs.py's whole-model options test.)"""
     cfg = record()
-    cfg.train.pdl, cfg.train.compile = True, "regional"
-    with pytest.raises(ConfigError, match="train.pdl"):
-        validate(cfg, 1)
-    cfg.train.compile = "auto"
-    validate(cfg, 1)
+    cfg.train.pdl = True
     assert graph_config(cfg)["train"]["pdl"] is True
     assert "pdl" not in graph_config(record())["train"]  # off: the keys of earlier runs hold
 
