@@ -15,7 +15,7 @@ import torch
 from speedrun.newton_schulz import newton_schulz, newton_schulz_reference, pick_impl
 
 FAST_TOL = 3e-2
-SHAPES = [(6, 12), (12, 6), (64, 64), (96, 384), (384, 96), (2, 3, 32, 48), (4, 768, 768)]
+SHAPES = [(6, 12), (12, 6), (64, 64), (96, 384), (384, 96), (2, 3, 32, 48), (3, 256, 256)]  # record sizes: the GPU test below
 
 
 def rel_err(x, ref):
