@@ -173,7 +173,8 @@ def test_kernel_refuses_what_it_cannot_do():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_fake_outputs(dtype):
     """register_fake: q, k, v (N, H, D) contiguous in the input dtype, from a strided projection; the
-    backward's d_qkv like qkv, d_ve like ve (or (0,)), d_λ (2,) float32. No Triton needed."""
+    backward's d_qkv like qkv, d_ve like ve (or (0,)), the λ partials (blocks, 2) float32. No Triton
+    needed."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     N, H, D = 14, 6, 128
@@ -186,10 +187,10 @@ def test_fake_outputs(dtype):
             assert len(outs) == 3
             for t in outs:
                 assert t.shape == (N, H, D) and t.dtype == dtype and t.is_contiguous()
-            d_qkv, d_ve, d_lam = torch.ops.speedrun.attn_inputs_backward(g, g, g, qkv, ve, lam, cos, cos, H)
+            d_qkv, d_ve, parts = torch.ops.speedrun.attn_inputs_backward(g, g, g, qkv, ve, lam, cos, cos, H)
             assert d_qkv.shape == qkv.shape and d_qkv.dtype == dtype
             assert d_ve.shape == ((N, H * D) if ve is not None else (0,)) and d_ve.dtype == dtype
-            assert d_lam.shape == (2,) and d_lam.dtype == torch.float32
+            assert parts.shape == (ai.lambda_blocks(N, H), 2) and parts.dtype == torch.float32
 
 
 # --------------------------------------------------------------------------- Triton, interpreted on the CPU
@@ -496,10 +497,14 @@ def test_gpu_model_loss_and_grads_same_with_either_kernel(cuda):
     from speedrun.config import AttentionConfig
     from speedrun.model import GPT
 
+    from speedrun.flex_tiles import use_sparse_block
+
     cfg = ModelConfig(num_layers=2, value_embeds=1, model_dim=768, num_heads=6, head_dim=128, mlp_hidden=512,
                       vocab_size=1000, no_attn_layers=(), long_layers=(0,), fp8_head=False)
+    attn_cfg = AttentionConfig()
+    use_sparse_block(attn_cfg.sparse_block, attn_cfg.block_size, cuda)  # the trainer's set-up for 64-token masks
     torch.manual_seed(0)
-    model = GPT(cfg, AttentionConfig()).to(cuda)
+    model = GPT(cfg, attn_cfg).to(cuda)
     model.attention_backend = "flex"
     with torch.no_grad():  # non-zero output projections and head (zero-initialised), so gradients reach q, k, v
         for b in model.blocks:

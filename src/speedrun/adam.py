@@ -13,7 +13,8 @@ A parameter whose dim 0 does not divide by W (a scalar vector of odd length,
 say) is all-reduced instead and updated in full on every rank: the same math,
 just without the memory saving. One process: plain Adam, and the update is
 written to match torch.optim.Adam's single-tensor code op for op, so the two
-agree to the last bit in float32.
+agree to the last bit in float32. On CUDA the same operations run as one
+fused kernel per tensor (`kernel`, optim_kernels.py).
 
 Collectives are asynchronous like Muon's: `launch_reduce()` right after
 backward issues every reduction; `step()` waits for each in turn, updates,
@@ -32,6 +33,7 @@ import torch
 from torch import Tensor
 
 from speedrun.muon import Collectives, Pending, ShardedOptimizer, done
+from speedrun.optim_kernels import IMPLS, adam_step
 
 
 @dataclass
@@ -42,22 +44,18 @@ class _Reduction:
     grad: Pending
 
 
-def adam_update(p: Tensor, g: Tensor, state: dict, group: dict) -> None:
-    """In-place Adam(W) step on p (a parameter or a slice of one) with gradient g."""
+def adam_update(p: Tensor, g: Tensor, state: dict, group: dict, kernel: str = "torch") -> None:
+    """In-place Adam(W) step on p (a parameter or a slice of one) with gradient g.
+
+    kernel: "torch" (optim_kernels.adam_reference, the eager operations) | "triton" | "auto" (one
+    fused kernel on CUDA: the same operations and roundings, optim_kernels.adam_step)."""
     if not state:
         state["step"] = 0.0
         state["exp_avg"] = torch.zeros_like(p)
         state["exp_avg_sq"] = torch.zeros_like(p)
     state["step"] += 1
-    lr, (beta1, beta2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
-    if wd != 0:
-        p.mul_(1 - lr * wd)
-    exp_avg, exp_avg_sq, step = state["exp_avg"], state["exp_avg_sq"], state["step"]
-    exp_avg.lerp_(g, 1 - beta1)
-    exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-    step_size = lr / (1 - beta1**step)
-    denom = (exp_avg_sq.sqrt() / (1 - beta2**step) ** 0.5).add_(eps)
-    p.addcdiv_(exp_avg, denom, value=-step_size)
+    adam_step(p, g, state["exp_avg"], state["exp_avg_sq"], state["step"], group["lr"],
+              group["betas"], group["eps"], group["weight_decay"], impl=kernel)
 
 
 class DistAdam(ShardedOptimizer):
@@ -71,15 +69,20 @@ class DistAdam(ShardedOptimizer):
         weight_decay: decoupled (AdamW), p *= 1 − lr·wd; 0 by default.
         process_group: the group to shard over (None = default). Construct the
             optimiser after init_process_group.
+        kernel: "torch" | "triton" | "auto": the update as eager operations or one
+            fused kernel per tensor (optim_kernels; "auto": the kernel on CUDA).
     """
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.8, 0.95),
-                 eps: float = 1e-10, weight_decay: float = 0.0, process_group=None):
+                 eps: float = 1e-10, weight_decay: float = 0.0, process_group=None, kernel: str = "torch"):
         if not 0.0 <= eps:
             raise ValueError(f"DistAdam eps must be >= 0, got {eps}")
+        if kernel not in IMPLS:
+            raise ValueError(f"DistAdam kernel must be one of {IMPLS}, got {kernel!r}")
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
         super().__init__(params, defaults)
         self.comm = Collectives(process_group)
+        self.kernel = kernel
 
     def add_param_group(self, param_group: dict) -> None:
         super().add_param_group(param_group)
@@ -110,9 +113,9 @@ class DistAdam(ShardedOptimizer):
         g = red.grad.wait()
         p = red.param.detach()
         if not red.sharded:
-            adam_update(p, g, self.state[red.param], red.group)
+            adam_update(p, g, self.state[red.param], red.group, self.kernel)
             return None
         rows = p.shape[0] // self.comm.world_size
         mine = p[self.comm.rank * rows:(self.comm.rank + 1) * rows]
-        adam_update(mine, g, self.state[red.param], red.group)
+        adam_update(mine, g, self.state[red.param], red.group, self.kernel)
         return self.comm.all_gather(p, mine)

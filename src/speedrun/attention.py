@@ -22,7 +22,8 @@ Two backends compute the same function:
   the kernel visits by 11-25% and its masked tiles by about half. The masks
   are rebuilt inside the compiled step every micro-step, so they are built
   cheaply: the window's blocks by rank (prefix sums) as dense (NB, NB)
-  matrices, the lists the kernels read by one argsort each.
+  matrices, the lists the kernels read by one prefix-sum kernel each
+  (`block_order`; its reference is an argsort).
 - `dense`: a plain boolean (T, T) mask and `scaled_dot_product_attention`;
   the reference the tests hold FlexAttention to, and the CPU path.
 """
@@ -35,6 +36,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from speedrun import block_order
 
 EOT = 50256
 
@@ -66,22 +69,6 @@ def _nearer(mask: Tensor) -> Tensor:
     (for a True entry, its rank counted from the nearest, 0 = nearest)."""
     c = mask.to(torch.int32).cumsum(dim=-1, dtype=torch.int32)
     return c[..., -1:] - c
-
-
-def _true_first(mask: Tensor, highest_first: bool) -> tuple[Tensor, Tensor]:
-    """Per row of a bool (R, N) mask: the number of True entries (int32), and the column indices,
-    int32, the True ones first, then the False ones, each group highest column first (or lowest):
-    a stable argsort of the 0/1 values (flipped ascending, or descending).
-
-    A sort-free form (prefix sums and one scatter; the same permutation) compiled alone but not
-    inside the model's graph: Inductor 2.11's Triton code generation for the scatter failed there
-    on the GPU, in every variant tried (docs/benchmarks.md, thirteenth session)."""
-    m = mask.to(torch.int8)
-    if highest_first:
-        idx = m.argsort(dim=-1, stable=True).flip(-1)
-    else:
-        idx = m.argsort(dim=-1, descending=True, stable=True)
-    return mask.sum(dim=-1, dtype=torch.int32), idx.to(torch.int32)
 
 
 def _block_classes(docs: Tensor, block_size: int) -> tuple[Tensor, Tensor]:
@@ -169,8 +156,10 @@ def refined_blocks(s: BlockStructure, window_blocks: Tensor, block_size: int, sp
     return kept & any_ & ~all_, kept & all_
 
 
-def flex_block_mask(s: BlockStructure, window_blocks: Tensor, block_size: int, sparse_block: int | None = None):
-    """The FlexAttention BlockMask of the window; `sparse_block` (default: block_size) its granularity.
+def flex_block_mask(s: BlockStructure, window_blocks: Tensor, block_size: int, sparse_block: int | None = None,
+                    order_kernel: str = "auto"):
+    """The FlexAttention BlockMask of the window; `sparse_block` (default: block_size) its granularity;
+    `order_kernel` how the lists are ordered (`block_order.order`'s impl).
 
     Per query block the kept key blocks, nearest first (as the record orders them), and per key
     block the query blocks that keep it, ascending, as FlexAttention's backward wants them: the
@@ -187,7 +176,7 @@ def flex_block_mask(s: BlockStructure, window_blocks: Tensor, block_size: int, s
         return (q_idx >= kv_idx) & (docs[q_idx] == docs[kv_idx])
 
     partial, full = refined_blocks(s, window_blocks, block_size, sparse_block)
-    (kv_num, kv_idx), (fkv_num, fkv_idx) = (_true_first(m, highest_first=True) for m in (partial, full))
+    (kv_num, kv_idx), (fkv_num, fkv_idx) = (block_order.order(m, True, order_kernel) for m in (partial, full))
     mask = BlockMask.from_kv_blocks(
         kv_num[None, None].contiguous(),
         kv_idx[None, None].contiguous(),
@@ -197,7 +186,7 @@ def flex_block_mask(s: BlockStructure, window_blocks: Tensor, block_size: int, s
         mask_mod=document_causal,
         compute_q_blocks=False,
     )
-    (q_num, q_idx), (fq_num, fq_idx) = (_true_first(m.T.contiguous(), highest_first=False) for m in (partial, full))
+    (q_num, q_idx), (fq_num, fq_idx) = (block_order.order(m.T, False, order_kernel) for m in (partial, full))
     mask.q_num_blocks, mask.q_indices = q_num[None, None], q_idx[None, None]
     mask.full_q_num_blocks, mask.full_q_indices = fq_num[None, None], fq_idx[None, None]
     return mask
@@ -236,13 +225,13 @@ class AttentionMasks:
     """
 
     def __init__(self, docs: Tensor, long_blocks: Tensor, short_blocks: Tensor, block_size: int, backend: str,
-                 flex_options: dict | None = None, sparse_block: int | None = None):
+                 flex_options: dict | None = None, sparse_block: int | None = None, order_kernel: str = "auto"):
         self.backend = backend
         self.flex_options = dict(flex_options) if flex_options else None
         if backend == "flex":
             s = block_structure(docs, block_size)
-            self.long = flex_block_mask(s, long_blocks, block_size, sparse_block)
-            self.short = flex_block_mask(s, short_blocks, block_size, sparse_block)
+            self.long = flex_block_mask(s, long_blocks, block_size, sparse_block, order_kernel)
+            self.short = flex_block_mask(s, short_blocks, block_size, sparse_block, order_kernel)
         else:
             self.long = dense_mask(docs, long_blocks, block_size)
             self.short = self.long if short_blocks is long_blocks else dense_mask(docs, short_blocks, block_size)

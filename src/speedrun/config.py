@@ -106,6 +106,13 @@ class ModelConfig:
     # float32 additions. Not faster in the step on an H200 (656.19 against 656.25 ms, docs/benchmarks.md,
     # eleventh session), so opt-in.
     embed_kernel: str = "torch"
+    # The attention gate's 12-input product (model.Attention.gate_logits): "linear" (F.linear in
+    # bfloat16: three tiny cuBLAS/CUTLASS products a layer and micro-step; the default) | "inline" (the
+    # same 12-term dot products written as float32 element-wise products and a sum of exact bfloat16 x
+    # bfloat16 terms, rounded to bfloat16 as the product is, for Inductor to fuse). Same math up to the
+    # order of twelve float32 additions. Measured much slower on an H200 (twenty-first session: 653.35 /
+    # 654.09 against 610.68 ms/step, docs/performance.md), so opt-in.
+    gate_kernel: str = "linear"
 
     @property
     def padded_vocab(self) -> int:
@@ -138,6 +145,10 @@ class AttentionConfig:
     # attention.py); every *_BLOCK_* tile in flex_options must then divide it. 64: 11-25% fewer tiles
     # visited and about half the masked ones on FineWeb's documents (docs/performance.md).
     sparse_block: int = 64
+    # How the block mask's lists are ordered (block_order.py): "torch" (a stable argsort per list, eight
+    # radix sorts a micro-step) | "triton" (one prefix-sum kernel per list, as a custom op) | "auto"
+    # (triton on CUDA when installed). The same lists, bit for bit.
+    order_kernel: str = "auto"
 
 
 @dataclass
@@ -154,6 +165,11 @@ class OptimConfig:
     muon_momentum: float = 0.95
     muon_momentum_start: float = 0.85
     muon_ns_steps: int = 5
+    # The optimisers' element-wise work (optim_kernels.py): "torch" (eager operations: DistAdam's eight
+    # passes a tensor, Muon's momentum, look-ahead and casts) | "triton" (one kernel each: Adam's update
+    # per tensor, Muon's momentum per shape bucket writing Newton–Schulz's bfloat16 input) | "auto"
+    # (triton on CUDA when installed). The same operations and roundings.
+    kernel: str = "auto"
     # AdamW-only (the llm.c baseline)
     adamw_lr: float = 0.0018
     adamw_betas: tuple[float, float] = (0.9, 0.95)
@@ -431,6 +447,8 @@ def validate(cfg: RunConfig, world_size: int = 1) -> None:
          f"must be torch, triton or auto, got {m.mlp_kernel!r}"),
         (m.embed_kernel in ("torch", "triton", "auto"), "model.embed_kernel",
          f"must be torch, triton or auto, got {m.embed_kernel!r}"),
+        (m.gate_kernel in ("linear", "inline"), "model.gate_kernel",
+         f"must be linear or inline, got {m.gate_kernel!r}"),
         (mlp_options_ok(m.mlp_options), "model.mlp_options",
          f"want KEY=INT items (KEY one of the kernel's launch keys, optionally fwd. or bwd.), got {m.mlp_options!r}"),
         (2 * m.value_embeds <= m.num_layers, "model.value_embeds",
@@ -443,6 +461,8 @@ def validate(cfg: RunConfig, world_size: int = 1) -> None:
          f"train.seq_len={t.seq_len} must be a multiple of it"),
         (a.window in ("none", "fixed", "growing"), "attention.window", f"must be none, fixed or growing, got {a.window!r}"),
         (a.backend in ("auto", "flex", "dense"), "attention.backend", f"must be auto, flex or dense, got {a.backend!r}"),
+        (a.order_kernel in ("torch", "triton", "auto"), "attention.order_kernel",
+         f"must be torch, triton or auto, got {a.order_kernel!r}"),
         (flex_options_ok(a.flex_options), "attention.flex_options",
          f"must be KEY=VALUE pairs separated by commas (integers or true/false), got {a.flex_options!r}"),
         (a.sparse_block == 0 or (a.sparse_block >= 16 and a.block_size % a.sparse_block == 0
@@ -452,6 +472,8 @@ def validate(cfg: RunConfig, world_size: int = 1) -> None:
          "attention.flex_options", f"its *_BLOCK_* tiles must divide the mask's block "
          f"(attention.sparse_block or block_size: {a.sparse_block or a.block_size}), got {a.flex_options!r}"),
         (cfg.optim.kind in ("muon", "adamw"), "optim.kind", f"must be muon or adamw, got {cfg.optim.kind!r}"),
+        (cfg.optim.kernel in ("torch", "triton", "auto"), "optim.kernel",
+         f"must be torch, triton or auto, got {cfg.optim.kernel!r}"),
         (t.compile in ("auto", "on", "regional", "off"), "train.compile",
          f"must be auto, on, regional or off, got {t.compile!r}"),
         (not (t.cudagraphs and t.compile == "regional"), "train.cudagraphs",

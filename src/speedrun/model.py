@@ -147,10 +147,23 @@ class Attention(nn.Module):
         """Attention output (B, T, H, D) -> gated, projected (B, T, dim)."""
         B, T = y.shape[:2]
         if self.gate_w is not None:
-            gate = torch.sigmoid(_linear(x[..., : self.cfg.gate_inputs], self.gate_w))
+            gate = torch.sigmoid(self.gate_logits(x))
             y = y * gate.view(B, T, self.cfg.num_heads, 1)
         y = y.contiguous().view(B, T, -1)
         return _linear(y, self.qkvo_w[3], self.o_b)
+
+    def gate_logits(self, x: Tensor) -> Tensor:
+        """x[..., :gate_inputs] @ gate_wᵀ in x's dtype: one product, or (`gate_kernel="inline"`) its terms.
+
+        Inline, each term is a product of two values of x's dtype, exact in float32, and the sum is
+        rounded to x's dtype once, as the product's float32 accumulator is: what cuBLAS computes, up to
+        the order of the additions, as element-wise work that Inductor fuses into the gate's kernels
+        (and the backward's two products into reductions)."""
+        xs = x[..., : self.cfg.gate_inputs]
+        if self.cfg.gate_kernel == "linear":
+            return _linear(xs, self.gate_w)
+        w = self.gate_w.type_as(x).float()
+        return (xs.float().unsqueeze(-1) * w.t()).sum(-2).type_as(x)
 
     def forward(self, x, ve, lambdas, rope, masks: AttentionMasks, long: bool, keep_v: list | None = None) -> Tensor:
         q, k, v = self.project(x, ve, lambdas, rope)
@@ -299,7 +312,7 @@ class GPT(nn.Module):
             docs = docs + torch.arange(tokens.numel(), device=tokens.device) // seg * (tokens.numel() + 1)
         long, short = self.window_pair(long_blocks)
         return AttentionMasks(docs, long, short, self.attn_cfg.block_size, self.attention_backend,
-                              self.flex_options, self.attn_cfg.sparse_block or None)
+                              self.flex_options, self.attn_cfg.sparse_block or None, self.attn_cfg.order_kernel)
 
     def positions(self, num_tokens: int, device, offset: int = 0) -> Tensor:
         pos = torch.arange(offset, offset + num_tokens, device=device)

@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from speedrun import optim_kernels
 from speedrun.newton_schulz import IMPLS, newton_schulz
 
 
@@ -196,15 +197,22 @@ class Muon(ShardedOptimizer):
         ns_impl: "auto" | "triton" | "torch" | "reference" (see newton_schulz).
         process_group: the group to shard over (None = default). Construct the
             optimiser after init_process_group.
+        kernel: "torch" | "triton" | "auto": momentum and look-ahead as eager
+            operations or one fused kernel per bucket that writes Newton–Schulz's
+            bfloat16 input (optim_kernels; "auto": the kernel on CUDA). The
+            float32 "reference" Newton–Schulz always takes the eager form.
     """
 
     def __init__(self, params, lr: float = 0.05, momentum: float = 0.95, weight_decay: float = 0.0,
-                 ns_steps: int = 5, ns_impl: str = "auto", process_group=None):
+                 ns_steps: int = 5, ns_impl: str = "auto", process_group=None, kernel: str = "torch"):
         if ns_impl not in IMPLS:
             raise ValueError(f"Muon ns_impl must be one of {IMPLS}, got {ns_impl!r}")
+        if kernel not in optim_kernels.IMPLS:
+            raise ValueError(f"Muon kernel must be one of {optim_kernels.IMPLS}, got {kernel!r}")
         defaults = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, ns_steps=ns_steps)
         super().__init__(params, defaults)
         self.ns_impl = ns_impl
+        self.kernel = kernel if ns_impl != "reference" else "torch"
         self.comm = Collectives(process_group)
 
     def add_param_group(self, param_group: dict) -> None:
@@ -241,17 +249,29 @@ class Muon(ShardedOptimizer):
 
     # -- update ------------------------------------------------------------
 
+    def _stacked_buffers(self, owned: list) -> Tensor:
+        """The owned parameters' momentum buffers as one stacked tensor, state[p] holding its rows.
+
+        Kept stacked so the momentum runs on the bucket at once. A loaded state dict brings separate
+        tensors; they are copied into a new stack once (missing ones start at zero)."""
+        bufs = [self.state[p].get("momentum_buffer") for p in owned]
+        base = bufs[0]._base if bufs[0] is not None else None
+        if base is not None and base.shape == (len(owned), *owned[0].shape) and all(
+                b is not None and b._base is base and b.data_ptr() == base[i].data_ptr()
+                for i, b in enumerate(bufs)):
+            return base
+        stack = torch.zeros((len(owned), *owned[0].shape), dtype=owned[0].dtype, device=owned[0].device)
+        for i, (p, b) in enumerate(zip(owned, bufs)):
+            if b is not None:
+                stack[i].copy_(b)
+            self.state[p]["momentum_buffer"] = stack[i]
+        return stack
+
     def _momentum_update(self, group: dict, owned: list, grads: Tensor) -> Tensor:
-        """Momentum + Nesterov on this rank's stacked gradients (modified in place); returns the update."""
-        mu = group["momentum"]
-        bufs = []
-        for p in owned:
-            state = self.state[p]
-            if "momentum_buffer" not in state:
-                state["momentum_buffer"] = torch.zeros_like(p)
-            bufs.append(state["momentum_buffer"])
-        torch._foreach_lerp_(bufs, list(grads.unbind(0)), 1 - mu)
-        return grads.lerp_(torch.stack(bufs), mu)
+        """Momentum + Nesterov on this rank's stacked gradients; returns the update (float32, or
+        bfloat16 from the kernel: Newton–Schulz's input)."""
+        bufs = self._stacked_buffers(owned)
+        return optim_kernels.momentum_step(grads, bufs, group["momentum"], impl=self.kernel)
 
     def _step_unit(self, bucket: _Bucket) -> Pending | None:
         """Wait for this bucket's gradients, update the owned parameters, start the all-gather."""
@@ -280,7 +300,7 @@ class Muon(ShardedOptimizer):
         """params[i] = decay · params[i] − step_lr · ortho[i]."""
         if decay != 1:
             torch._foreach_mul_(params, decay)
-        torch._foreach_add_(params, list(ortho.to(params[0].dtype).unbind(0)), alpha=-step_lr)
+        torch._foreach_add_(params, list(ortho.unbind(0)), alpha=-step_lr)  # bfloat16 read as it is
 
     def _gather(self, params: list, local: Tensor) -> Pending:
         """All-gather every rank's new values; waiting copies them into the parameters."""

@@ -40,12 +40,14 @@ def build_optimizers(model: nn.Module, cfg: OptimConfig) -> list[torch.optim.Opt
         decay = parts["embed"] + parts["head"] + parts["matrix"]
         groups = [dict(params=decay, weight_decay=cfg.weight_decay), dict(params=parts["scalar"], weight_decay=0.0)]
         groups = [g for g in groups if g["params"]]
-        return [DistAdam(groups, lr=cfg.adamw_lr, betas=cfg.adamw_betas, eps=cfg.adamw_eps)]
+        return [DistAdam(groups, lr=cfg.adamw_lr, betas=cfg.adamw_betas, eps=cfg.adamw_eps, kernel=cfg.kernel)]
     adam_groups = [
         dict(params=parts["embed"], lr=cfg.embed_lr),
         dict(params=parts["head"], lr=cfg.head_lr),
         dict(params=parts["scalar"], lr=cfg.scalar_lr),
     ]
-    adam = DistAdam([g for g in adam_groups if g["params"]], betas=cfg.adam_betas, eps=cfg.adam_eps)
-    muon = Muon(parts["matrix"], lr=cfg.muon_lr, momentum=cfg.muon_momentum, ns_steps=cfg.muon_ns_steps)
+    adam = DistAdam([g for g in adam_groups if g["params"]], betas=cfg.adam_betas, eps=cfg.adam_eps,
+                    kernel=cfg.kernel)
+    muon = Muon(parts["matrix"], lr=cfg.muon_lr, momentum=cfg.muon_momentum, ns_steps=cfg.muon_ns_steps,
+                kernel=cfg.kernel)
     return [adam, muon]
