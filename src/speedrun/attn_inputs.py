@@ -50,6 +50,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from speedrun import bf16_rounding
 from speedrun.kernel_choice import IMPLS, TRITON_FOUND, pick_impl  # noqa: F401 (this module's interface)
 
 KERNEL_DTYPES = (torch.bfloat16, torch.float32)
@@ -156,12 +157,7 @@ def _build_kernel():
     triton, tl = _triton, _tl
     _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
-    @triton.jit
-    def _rne_bf16(x):
-        """float32 x rounded to bfloat16's precision (to nearest, ties to even), still float32."""
-        u = x.to(tl.uint32, bitcast=True)
-        u = u + (((u >> 16) & 1) + 0x7FFF)
-        return ((u >> 16) << 16).to(tl.float32, bitcast=True)
+    _rne_bf16 = bf16_rounding.build()  # called from the kernels below through this module's globals
 
     @triton.jit
     def _cast(x, P, EMULATE_RNE: tl.constexpr):

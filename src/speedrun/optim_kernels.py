@@ -36,6 +36,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from speedrun import bf16_rounding
 from speedrun.kernel_choice import IMPLS, TRITON_FOUND, pick_impl  # noqa: F401 (this module's interface)
 
 BLOCK = 2048  # elements per program: 8 per thread at 8 warps
@@ -61,13 +62,7 @@ def _build_kernels():
     triton, tl = _triton, _tl
     _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
-    @triton.jit
-    def _rne_bf16(x):
-        """float32 x rounded to bfloat16's precision (to nearest, ties to even), still float32."""
-        u = x.to(tl.uint32, bitcast=True)
-        u = u + (((u >> 16) & 1) + 0x7FFF)
-        r = (u & 0xFFFF0000).to(tl.float32, bitcast=True)
-        return tl.where(x != x, x, r)
+    _rne_bf16 = bf16_rounding.build()  # called from the kernels below through this module's globals
 
     @triton.jit
     def _rounded(x, BF16: tl.constexpr, EMULATE_RNE: tl.constexpr):
