@@ -141,13 +141,122 @@ def test_tiny_run_unchanged(tmp_path):
 @pytest.mark.gpu
 def test_gpu_graph_sums_train_like_autograd(tmp_path):
     """The tiny run compiled on the GPU in bfloat16 (its embedding tables too), with sums in the graph
-    (the default there) and with autograd's: the same losses to within the compiled step's run-to-run
-    spread."""
+    (the default there, with the casts made once a step), with autograd's, and with the graph's sums but
+    the casts in every micro-step: the same losses to within the compiled step's run-to-run spread."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     gpu = ["--set", "train.compile=on", "--set", "train.precompile=false", "--set", "train.warmup_steps=2",
            "--set", "train.dtype=bfloat16"]
     assert train(tmp_path / "a", *gpu, "--set", "train.grad_accum=autograd", steps=6) == 0
     assert train(tmp_path / "b", *gpu, steps=6) == 0
+    assert train(tmp_path / "c", *gpu, "--set", "train.cast_once=false", steps=6) == 0
     assert_curves_close(tmp_path / "a", tmp_path / "b")
-    assert json.loads((tmp_path / "b" / "env.json").read_text())["run"]["grad_accum"] == "graph"
+    assert_curves_close(tmp_path / "c", tmp_path / "b")
+    run = json.loads((tmp_path / "b" / "env.json").read_text())["run"]
+    assert run["grad_accum"] == "graph" and run["cast_once"] is True
+    assert json.loads((tmp_path / "c" / "env.json").read_text())["run"]["cast_once"] is False
+
+
+class Sliced(Small):
+    """Small, plus a float32 stack of two matrices read as slices, each cast (as GPT's qkvo_w)."""
+
+    def __init__(self):
+        super().__init__()
+        self.pair = nn.Parameter(torch.randn(2, 32, 32) / 6)
+
+    def forward(self, tokens, targets, long_blocks, dtype=torch.bfloat16):
+        x = self.embed(tokens)
+        x = x + F.linear(x, self.pair[0].to(dtype)) * F.linear(x, self.pair[1].to(dtype)).sigmoid()
+        h = F.linear(x, self.up.to(dtype)).relu().square()
+        y = F.linear(h, self.down.to(dtype)).float()
+        if long_blocks:
+            y = y * self.sometimes
+        return F.cross_entropy(F.linear(y, self.embed.weight.float()), targets)
+
+
+def _accumulate_cast(step_model, model, batches, casts: grad_accum.StepCasts):
+    sums = grad_accum.GradSums(model)
+    for p in model.parameters():
+        p.grad = None
+    casts.refresh()
+    for tokens, targets, flag in batches:
+        loss = step_model(tokens, targets, flag, torch.bfloat16, sums.begin(), casts.aligned())
+        (loss / len(batches)).backward()
+        sums.end()
+    return {name: None if p.grad is None else p.grad.clone() for name, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_casts_once_a_step_give_the_same_gradients_bit_for_bit(compiled):
+    """train.cast_once: the float32 matrices cast before the step, not in each micro-step, give autograd's
+    sums exactly; the bfloat16 table and the parameter that is not named keep their own path."""
+    torch.manual_seed(0)
+    model = Sliced()
+    batches = _batches((0, 1, 0, 0))
+    want = _accumulate(compile_step_model(model, "on", compiled), model, batches, None)
+    casts = grad_accum.StepCasts(model, ["pair", "up", "down", "embed.weight"], torch.bfloat16)
+    names = [name for name, _ in grad_accum.trained_parameters(model)]
+    assert [name for name, c in zip(names, casts.aligned()) if c is not None] == ["up", "down", "pair"]
+    got = _accumulate_cast(compile_step_model(model, "on", compiled, summed=True), model, batches, casts)
+    for name in want:
+        if want[name] is None:
+            assert got[name] is None, name
+        else:
+            assert got[name].dtype == want[name].dtype and torch.equal(got[name], want[name]), name
+    # a second step after an update reads the updated weights (refresh), not the first step's casts
+    with torch.no_grad():
+        model.up.add_(0.25)
+    want = _accumulate(compile_step_model(model, "on", False), model, batches, None)
+    got = _accumulate_cast(compile_step_model(model, "on", False, summed=True), model, batches, casts)
+    assert torch.equal(got["up"], want["up"]) and torch.equal(got["down"], want["down"])
+
+
+def test_step_casts_checks_names_and_skips_float32_runs():
+    model = Sliced()
+    with pytest.raises(ValueError, match="'nope'"):
+        grad_accum.StepCasts(model, ["up", "nope"], torch.bfloat16)
+    assert grad_accum.StepCasts(model, ["up"], torch.float32).aligned() == [None] * 5  # nothing to cast
+    casts = grad_accum.StepCasts(model, ["up"], torch.bfloat16)
+    casts.refresh()
+    assert torch.equal(casts.copies[0], model.up.detach().bfloat16())
+
+
+def test_gpt_reads_its_cast_only_parameters_only_cast():
+    """GPT.cast_only_names: the forward in bfloat16 with those parameters replaced by their bfloat16
+    casts gives the same loss bit for bit; a parameter read in float32 anywhere would change it."""
+    from speedrun.config import apply_overrides
+    from speedrun.model import GPT
+    from speedrun.presets import demo
+
+    cfg = demo()
+    apply_overrides(cfg, ["model.num_layers=4", "model.model_dim=64", "model.num_heads=2", "model.head_dim=32",
+                          "model.mlp_hidden=128", "model.long_layers=0,3", "model.no_attn_layers=2"])
+    torch.manual_seed(0)
+    model = GPT(cfg.model, cfg.attention)
+    with torch.no_grad():
+        for p in model.parameters():  # no zero-initialised weight may hide a read
+            p.normal_(0.0, 0.05)
+    names = model.cast_only_names()
+    assert len(names) == 2 * 4 + 2 * 3  # fc_w, proj_w in every block; qkvo_w, gate_w where it attends
+    tokens = torch.randint(0, 50257, (256,))
+    window = torch.tensor(2)
+    with torch.no_grad():
+        want = model(tokens, tokens.roll(-1), window, torch.bfloat16)
+        casts = {n: p.bfloat16() for n, p in model.named_parameters() if n in names}
+        got = torch.func.functional_call(model, casts, (tokens, tokens.roll(-1), window, torch.bfloat16))
+    assert torch.equal(got, want)
+    with torch.no_grad():  # and the test can fail: a float32 read of one of them changes the loss
+        casts["blocks.0.mlp.fc_w"] = casts["blocks.0.mlp.fc_w"].float() + 1e-3
+        assert not torch.equal(torch.func.functional_call(model, casts, (tokens, tokens.roll(-1), window,
+                                                                          torch.bfloat16)), want)
+
+
+def test_tiny_run_with_casts_once_unchanged(tmp_path):
+    """The tiny model in bfloat16 on the CPU (eager, graph sums): every loss the same with the casts made
+    once a step and in every micro-step."""
+    bf16 = ["--set", "train.grad_accum=graph", "--set", "train.dtype=bfloat16"]
+    assert train(tmp_path / "a", *bf16, "--set", "train.cast_once=false", steps=3) == 0
+    assert train(tmp_path / "b", *bf16, steps=3) == 0
+    assert curves(tmp_path / "a") == curves(tmp_path / "b")
+    assert json.loads((tmp_path / "b" / "env.json").read_text())["run"]["cast_once"] is True
+    assert json.loads((tmp_path / "a" / "env.json").read_text())["run"]["cast_once"] is False

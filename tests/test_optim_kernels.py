@@ -175,8 +175,10 @@ def test_cpu_auto_is_the_reference_and_bad_choices_are_refused():
 def test_gpu_kernels_at_record_sizes(cuda):
     """The record's Adam tensors (a bfloat16 embedding table, the float32 head) and Muon's largest
     bucket: the kernels against the eager operations on the same GPU. bfloat16 bit for bit (measured:
-    every element of p, m, v). float32: the last bits of p may differ where nvcc and Triton contract
-    a multiply-add differently (twenty-first session: 93.6% of p's elements equal); m and v equal."""
+    every element of p, m, v). float32: nvcc and Triton contract some multiply-adds differently
+    (measured: 93.6% of p's and 74.9% of v's elements equal), so each element within 8 units in the
+    last place of the largest value its update computes with: |p| and the step for p, |m| and |g| for
+    m, |v| and g² for v."""
     pytest.importorskip("triton")
     gen = torch.Generator("cuda").manual_seed(0)
     for dtype in (torch.bfloat16, torch.float32):
@@ -187,14 +189,15 @@ def test_gpu_kernels_at_record_sizes(cuda):
         ref, got = [t.clone() for t in (p, g, m, v)], [t.clone() for t in (p, g, m, v)]
         ok.adam_reference(*ref, 5.0, 0.6, (0.8, 0.95), 1e-10, 0.0)
         ok.adam_step(*got, 5.0, 0.6, (0.8, 0.95), 1e-10, 0.0, impl="triton")
+        scales = {"p": p.abs() + (ref[0] - p).abs(), "m": m.abs() + g.abs(), "v": v.abs() + g.square()}
         for name, a, b in zip("pgmv", got, ref):
             same = (a == b).float().mean().item()
-            print(f"adam {dtype} {name}: {same:.6f} equal")
-            if dtype == torch.bfloat16 or name != "p":
+            worst = 0.0 if name == "g" else ((a - b).abs() / scales[name]).max().item()
+            print(f"adam {dtype} {name}: {same:.6f} equal, largest difference {worst:.3g} of its scale")
+            if dtype == torch.bfloat16 or name == "g":
                 assert same == 1.0, (dtype, name, same)
             else:
-                assert same > 0.9, (dtype, name, same)
-                torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+                assert worst <= 2.0 ** -20, (dtype, name, same, worst)
     grads = torch.randn(12, 3072, 768, generator=gen, device=cuda)
     bufs = torch.randn(12, 3072, 768, generator=gen, device=cuda)
     ref_b, got_b = bufs.clone(), bufs.clone()

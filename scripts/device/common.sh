@@ -41,8 +41,8 @@ train() {  # train GPU RUN CACHE [fresh]: proxy212 into /tmp/runs/RUN, log $RES/
   [ -n "${TRAIN_EXTRA_FILE:-}" ] && extra=$(cat "$TRAIN_EXTRA_FILE")
   echo "[gpu$1] $(date +%T) start $2 (caches $3 ${4:-}) $extra"
   env $(caches "$3" "${4:-}") CUDA_VISIBLE_DEVICES=$1 python3 -m speedrun.train "${ARGS[@]}" $extra \
-    --out "/tmp/runs/$2" > "$RES/$2.log" 2>&1
-  echo "[gpu$1] $(date +%T) end $2: exit $? | $(grep -E 'cold start' "$RES/$2.log" | head -1) | $(grep -E 'precompile|GPU clock|final val_loss|rror|warning' "$RES/$2.log" | tail -4 | tr '\n' ' ')"
+    --out "/tmp/runs/$2" > "$RES/$2.log" 2>&1; local rc=$?
+  echo "[gpu$1] $(date +%T) end $2: exit $rc | $(grep -E 'cold start' "$RES/$2.log" | head -1) | $(grep -E 'precompile|GPU clock|final val_loss|rror|warning' "$RES/$2.log" | tail -4 | tr '\n' ' ')"
 }
 # ab NAME ARGS...: one A/B bench (3 x 10 steps after warm-up, random tokens) with its own empty compiler
 # caches, extra `speedrun bench` arguments appended; JSON and log in $RES/ab-NAME.*
@@ -50,8 +50,8 @@ ab() {  # ab NAME ARGS...
   local name=$1; shift
   echo "$(date +%T) ab $name $*"
   env $(caches "ab-$name" fresh) python3 -m speedrun.cli bench --preset proxy212 --steps 10 --repeats 3 "$@" \
-    --json "$RES/ab-$name.json" > "$RES/ab-$name.log" 2>&1
-  echo "$(date +%T) ab $name: exit $? | $(grep -E 'ms/step|peak mem|graphs|GPU clock|rror' "$RES/ab-$name.log" | tr '\n' ' ')"
+    --json "$RES/ab-$name.json" > "$RES/ab-$name.log" 2>&1; local rc=$?
+  echo "$(date +%T) ab $name: exit $rc | $(grep -E 'ms/step|peak mem|graphs|GPU clock|rror' "$RES/ab-$name.log" | tr '\n' ' ')"
 }
 
 ab_shared() {  # ab_shared NAME ARGS...: as `ab`, on one compiler cache shared by all ab_shared benches
@@ -59,8 +59,8 @@ ab_shared() {  # ab_shared NAME ARGS...: as `ab`, on one compiler cache shared b
   local name=$1; shift
   echo "$(date +%T) ab $name (shared cache) $*"
   env $(caches "${AB_CACHE:-ab-shared}") python3 -m speedrun.cli bench --preset proxy212 --steps 10 --repeats 3 "$@" \
-    --json "$RES/ab-$name.json" > "$RES/ab-$name.log" 2>&1
-  echo "$(date +%T) ab $name: exit $? | $(grep -E 'ms/step|peak mem|graphs|GPU clock|rror' "$RES/ab-$name.log" | tr '\n' ' ')"
+    --json "$RES/ab-$name.json" > "$RES/ab-$name.log" 2>&1; local rc=$?
+  echo "$(date +%T) ab $name: exit $rc | $(grep -E 'ms/step|peak mem|graphs|GPU clock|rror' "$RES/ab-$name.log" | tr '\n' ' ')"
 }
 
 gpu_suite_inline() {  # the whole GPU suite in the calling queue (no bytecode prefix), then $RES/all.done
@@ -125,8 +125,8 @@ strict_cold() {  # GPU 0: 20 proxy212 steps, empty compiler caches, no bytecode 
   # setting); run it as the machine's first Python process for the strict cold start
   echo "[gpu0] $(date +%T) strict cold start"
   env -u PYTHONPYCACHEPREFIX PYTHONDONTWRITEBYTECODE=1 $(caches strict fresh) CUDA_VISIBLE_DEVICES=0 \
-    python3 -m speedrun.train "${ARGS[@]}" --steps 20 --out /tmp/runs/strict-cold > "$RES/strict-cold.log" 2>&1
-  echo "[gpu0] $(date +%T) strict: exit $? | $(grep -E 'cold start' "$RES/strict-cold.log" | head -2 | tr '\n' ' ')"
+    python3 -m speedrun.train "${ARGS[@]}" --steps 20 --out /tmp/runs/strict-cold > "$RES/strict-cold.log" 2>&1; local rc=$?
+  echo "[gpu0] $(date +%T) strict: exit $rc | $(grep -E 'cold start' "$RES/strict-cold.log" | head -2 | tr '\n' ' ')"
 }
 
 bytecode_on() { unset PYTHONDONTWRITEBYTECODE; export PYTHONPYCACHEPREFIX=/tmp/pycache; }
@@ -139,6 +139,6 @@ ab_on() {  # ab_on GPU NAME CACHE [fresh] -- ARGS...: `speedrun bench` (3 x 10 s
   [ "${1:-}" = -- ] && shift
   echo "$(date +%T) [gpu$gpu] ab $name (caches $cache $fresh) $*"
   env $(caches "$cache" $fresh) CUDA_VISIBLE_DEVICES=$gpu python3 -m speedrun.cli bench --preset proxy212 \
-    --steps 10 --repeats 3 "$@" --json "$RES/ab-$name.json" > "$RES/ab-$name.log" 2>&1
-  echo "$(date +%T) [gpu$gpu] ab $name: exit $? | $(grep -E 'ms/step|peak mem|graphs|GPU clock|rror' "$RES/ab-$name.log" | tr '\n' ' ')"
+    --steps 10 --repeats 3 "$@" --json "$RES/ab-$name.json" > "$RES/ab-$name.log" 2>&1; local rc=$?
+  echo "$(date +%T) [gpu$gpu] ab $name: exit $rc | $(grep -E 'ms/step|peak mem|graphs|GPU clock|rror' "$RES/ab-$name.log" | tr '\n' ' ')"
 }

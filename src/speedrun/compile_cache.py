@@ -116,6 +116,8 @@ def graph_config(cfg) -> dict:
         train["pdl"] = True
     if t.get("grad_accum", "auto") != "auto":  # auto resolves from fields the key holds (and world_size)
         train["grad_accum"] = t["grad_accum"]
+    if not t.get("cast_once", True):  # named only when off, as pdl when on
+        train["cast_once"] = False
     return {"model": d["model"], "attention": d["attention"], "train": train}
 
 

@@ -224,6 +224,10 @@ class TrainConfig:
     # autograd's own eager adds, "auto" = graph where the whole model is compiled without CUDA graphs and
     # a step has several micro-steps. Speed only.
     grad_accum: str = "auto"
+    # where grad_accum is "graph": the float32 matrices the model reads only in bfloat16
+    # (`GPT.cast_only_names`) cast once a step, before the first micro-step, not in each micro-step's
+    # graph (grad_accum.StepCasts). The same rounding, the same gradients bit for bit. Speed only.
+    cast_once: bool = True
     # Inductor's Triton kernels launched with programmatic dependent launch (Hopper+): each kernel starts
     # while the one before finishes, and waits for its results at its first dependent load
     # (`torch._inductor.config.triton.enable_pdl`). Whole-model compile only. Speed only.

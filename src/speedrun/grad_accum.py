@@ -19,7 +19,12 @@ otherwise add the unrounded value. The CPU tests hold both paths to each other e
 The first micro-step adds to zeros (kept, one copy of the parameters, so that every micro-step runs
 one graph). Where this cannot pay, `resolve` picks autograd: no compile, one micro-step, CUDA graphs
 (whose replays would copy the sums into static inputs), regional compilation (the add would run
-eagerly). Measured: -3.3 to -4.9 ms/step (docs/performance.md)."""
+eagerly). Measured: -3.3 to -4.9 ms/step (docs/performance.md).
+
+The float32 matrices the model only reads cast to bfloat16 (`GPT.cast_only_names`) are cast once a step
+(`StepCasts`, `train.cast_once`) rather than in every micro-step's graph: `_CastSumInto` hands the model
+the cast and returns `sum + float32(grad)` for the parameter, what the cast's backward followed by
+`_SumInto` returns. The cast is the same rounding (to nearest, ties to even) either way."""
 
 from __future__ import annotations
 
@@ -68,6 +73,25 @@ class _SumInto(torch.autograd.Function):
         return add_gradient(total, grad), None
 
 
+class _CastSumInto(torch.autograd.Function):
+    """p's value as `cast` (p cast to the compute dtype this step); its backward returns the running sum
+    plus p's gradient in p's dtype, as `p.to(dtype)` followed by `_SumInto` would."""
+
+    @staticmethod
+    def forward(ctx, p: Tensor, total: Tensor, cast: Tensor) -> Tensor:
+        ctx.save_for_backward(total)
+        return cast.view_as(cast)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (total,) = ctx.saved_tensors
+        return total + grad.to(total.dtype), None, None
+
+
+def _wrap(p: Tensor, total: Tensor, cast: Tensor | None) -> Tensor:
+    return _SumInto.apply(p, total) if cast is None else _CastSumInto.apply(p, total, cast)
+
+
 def allow_caching() -> None:
     """Let AOTAutograd's cache (and so Dynamo's packages, `dynamo_cache.py`) keep graphs that hold
     `_SumInto`: torch bypasses custom autograd Functions by default because it does not hash their
@@ -84,22 +108,25 @@ def trained_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
 
 
 class SummedModel(nn.Module):
-    """The step model with `train.grad_accum=graph`: `forward(tokens, targets, long_blocks, dtype, sums)`
-    is the model's forward whose backward adds the gradients into `sums` (one tensor per trained
-    parameter, in `trained_parameters` order); without sums (validation) the model's forward as is."""
+    """The step model with `train.grad_accum=graph`: `forward(tokens, targets, long_blocks, dtype, sums,
+    casts)` is the model's forward whose backward adds the gradients into `sums` (one tensor per trained
+    parameter, in `trained_parameters` order), reading a parameter as its entry of `casts` where that is
+    not None (`StepCasts.aligned`); without sums (validation) the model's forward as is."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
         self.model = model
 
     def forward(self, tokens: Tensor, targets: Tensor, long_blocks: Tensor, dtype: torch.dtype = torch.float32,
-                sums: list[Tensor] | None = None) -> Tensor:
+                sums: list[Tensor] | None = None, casts: list[Tensor | None] | None = None) -> Tensor:
         if sums is None:
             return self.model(tokens, targets, long_blocks, dtype)
         named = trained_parameters(self.model)
-        if len(named) != len(sums):
-            raise ValueError(f"SummedModel: {len(sums)} sums for {len(named)} trained parameters")
-        params = {name: _SumInto.apply(p, s) for (name, p), s in zip(named, sums)}
+        casts = [None] * len(named) if casts is None else casts
+        if not len(named) == len(sums) == len(casts):
+            raise ValueError(f"SummedModel: {len(sums)} sums and {len(casts)} casts for {len(named)} trained "
+                             "parameters")
+        params = {name: _wrap(p, s, c) for (name, p), s, c in zip(named, sums, casts)}
         return torch.func.functional_call(self.model, params, (tokens, targets, long_blocks, dtype))
 
 
@@ -127,3 +154,34 @@ class GradSums:
             if p.grad is None and g is not None:
                 p.grad = g
         self._before = []
+
+
+class StepCasts:
+    """The compute-dtype copies of the parameters named in `names` (`GPT.cast_only_names`), made once a
+    step by `refresh` (one foreach copy) and handed to `SummedModel` by `aligned`. The trainer refreshes
+    them before each step's first micro-step: the parameters change only between steps (optimiser,
+    recovery, loading), so the copies are never stale inside one. Float32 parameters only: a bfloat16 one
+    needs no cast, and `_CastSumInto`'s plain add is the float32 sum's."""
+
+    def __init__(self, model: nn.Module, names, dtype: torch.dtype):
+        named = trained_parameters(model)
+        wanted = set(names)
+        unknown = wanted - {name for name, _ in named}
+        if unknown:
+            raise ValueError(f"StepCasts: no trained parameter named {sorted(unknown)[0]!r}")
+        self.slots = [i for i, (name, p) in enumerate(named)
+                      if name in wanted and p.dtype == torch.float32 and dtype != torch.float32]
+        self.params = [named[i][1] for i in self.slots]
+        self.copies = [torch.empty_like(p, dtype=dtype) for p in self.params]
+        self.count = len(named)
+
+    @torch.no_grad()
+    def refresh(self) -> None:
+        if self.copies:
+            torch._foreach_copy_(self.copies, self.params)
+
+    def aligned(self) -> list[Tensor | None]:
+        out: list[Tensor | None] = [None] * self.count
+        for i, c in zip(self.slots, self.copies):
+            out[i] = c
+        return out

@@ -285,6 +285,13 @@ class GPT(nn.Module):
 
     # ------------------------------------------------------------ helpers
 
+    def cast_only_names(self) -> list[str]:
+        """The parameters the forward only ever reads cast to the activations' dtype (`type_as(x)`):
+        the blocks' matrices and attention gates. A trainer may hand the forward their casts made once
+        a step (`grad_accum.StepCasts`) in place of the parameters; nothing else may read them."""
+        suffixes = ("attn.qkvo_w", "attn.gate_w", "mlp.fc_w", "mlp.proj_w")
+        return [name for name, _ in self.named_parameters() if name.startswith("blocks.") and name.endswith(suffixes)]
+
     @property
     def head_weight(self) -> Tensor:
         return self.embed.weight if self.head_w is None else self.head_w

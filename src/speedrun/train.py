@@ -270,6 +270,9 @@ class Trainer:
         self.grad_accum = grad_accum.resolve(cfg.train.grad_accum, cfg.train.compile, self.compiled,
                                              cfg.train.cudagraphs, self.micro_steps)
         self.grad_sums = grad_accum.GradSums(self.model) if self.grad_accum == "graph" else None
+        self.step_casts = None
+        if self.grad_sums is not None and cfg.train.cast_once:
+            self.step_casts = grad_accum.StepCasts(self.model, self.model.cast_only_names(), self.dtype)
         self.step_model = dynamo_cache.compile_with(  # whole model or regional
             self.dynamo_packages, lambda: compile_step_model(self.model, cfg.train.compile, self.compiled,
                                                           cfg.train.cudagraphs, self.grad_sums is not None,
@@ -310,6 +313,7 @@ class Trainer:
             "compile": self.compiled, "device": str(self.device),
             "cuda_graphs": bool(self.cfg.train.cudagraphs and self.compiled),
             "grad_accum": self.grad_accum,
+            "cast_once": self.step_casts is not None and bool(self.step_casts.copies),
         }
 
     def _write_run_header(self) -> None:
@@ -353,6 +357,8 @@ class Trainer:
         window = self.window(step)
         total = torch.zeros((), device=self.device)
         batches = self.guard.next_batches()  # skips batches marked bad after a recovery
+        if self.step_casts is not None:  # the parameters as the optimiser (or a recovery) left them
+            self.step_casts.refresh()
         with self.guard.health.watch(step):  # activation hooks, on health steps only
             for i, (inputs, targets) in enumerate(batches):
                 self.mark_graph_step()
@@ -379,7 +385,8 @@ class Trainer:
         into the running sums (grad_accum.py)."""
         if self.grad_sums is None:
             return self.step_model(inputs, targets, window, self.dtype)
-        return self.step_model(inputs, targets, window, self.dtype, self.grad_sums.begin())
+        casts = None if self.step_casts is None else self.step_casts.aligned()
+        return self.step_model(inputs, targets, window, self.dtype, self.grad_sums.begin(), casts)
 
     def mark_graph_step(self) -> None:
         """With train.cudagraphs: a new graph step before each forward. The last replay's outputs (the

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Issue 4, twenty-second session (one H200): the float32 matrices cast to bfloat16 once a step
+# (train.cast_once, grad_accum.StepCasts) instead of in each of the eight micro-steps' graphs.
+#   check   keep the carried shards (stage_proxy); the strict cold start of the new default as the machine's
+#           first Python process; the GPU tests of the optimiser kernels (float32 criterion relaxed in the
+#           twenty-first session), of attn_inputs (the shared bf16_rounding helper) and of grad_accum (the
+#           casts); then three A/B rounds on the strict caches: new (default) against old (cast_once=false)
+#           [all.done]
+#   full    restore the kept shards; two proxy212 runs of the default on the strict caches [full.done]
+#   suite   the whole GPU suite, a pytest per file with GPU tests, each at most 170 s, its own log q-suite.log
+#           (wait S all q-suite.log) [all.done]
+#   wait S [D [LOG]]  as session18_queue.sh's
+# Carry [".proxy"] without shard 4 for check, then [".proxy"] with shard 4 alone for full, at once after.
+set -u
+source scripts/device/common.sh
+OLD="--set train.cast_once=false"
+
+case "${1:-}" in
+  check)
+    stage_proxy > /dev/null
+    queue_start
+    ( strict_cold
+      clocks_log clocks.csv
+      export CUDA_VISIBLE_DEVICES=0
+      env -u PYTHONPYCACHEPREFIX timeout 240 python3 -m pytest -m gpu -q tests/test_optim_kernels.py \
+        tests/test_attn_inputs.py tests/test_grad_accum.py -s > "$RES/gpu-tests-new.log" 2>&1
+      echo "$(date +%T) GPU tests (optim kernels, attn_inputs, grad_accum): $(tail -1 "$RES/gpu-tests-new.log")"
+      bytecode_on
+      for r in 1 2 3; do
+        AB_CACHE=strict ab_shared new$r
+        AB_CACHE=strict ab_shared old$r $OLD
+      done
+      touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
+  suite)
+    rm -f "$RES"/*.done
+    ( export CUDA_VISIBLE_DEVICES=0
+      for f in $(grep -l "mark.gpu" tests/test_*.py); do
+        env -u PYTHONPYCACHEPREFIX timeout 170 python3 -m pytest -m gpu -q -p no:cacheprovider "$f" \
+          > "$RES/gpu-$(basename "$f" .py).log" 2>&1; rc=$?
+        echo "$(date +%T) $f: exit $rc | $(tail -1 "$RES/gpu-$(basename "$f" .py).log")"
+      done
+      touch "$RES/all.done" ) > "$RES/q-suite.log" 2>&1 ;;
+  full) full_pair ;;
+  wait) follow_and_collect "${2:-560}" "$RES/${3:-all}.done" "$RES/${4:-q.log}"; exit $? ;;
+  *) echo "usage: $0 check | full | suite | wait SECONDS [DONE-NAME [LOG]]" >&2; exit 2 ;;
+esac
