@@ -2,7 +2,9 @@
 
 usage: (cd scripts/device && python3 optim_bench.py OUT_JSON)
 
-One optimiser step (CUDA events, median of 20 after 3 warm-ups), on one GPU, with random gradients:
+One optimiser step (CUDA events, median of 20 after 3 warm-ups), on one GPU, with random gradients;
+Muon also as the device's own time (`cuda_timing.device_us`: each step queued behind a spin kernel, so
+host launch time is not counted; `muon_*_device_us`):
   adam    DistAdam over the record's Adam tensors: four (50,304 x 768) bfloat16 embedding tables at
           embed_lr, the float32 (50,304 x 768) head, 100 float32 scalars; kernel=torch against triton
   muon    Muon over the record's block matrices: 11 x (4, 768, 768), 12 x (3072, 768), 12 x (768, 3072),
@@ -16,7 +18,7 @@ import sys
 
 import torch
 
-from cuda_timing import median_us
+from cuda_timing import device_us, median_us
 from speedrun import block_order
 from speedrun.adam import DistAdam
 from speedrun.muon import Muon
@@ -38,10 +40,10 @@ def muon_params(dev):
     return [torch.nn.Parameter(torch.randn(s, generator=g, device=dev) * 0.02) for s in shapes]
 
 
-def step_us(opt, params):
+def step_us(opt, params, timer=median_us):
     for p in params:
         p.grad = torch.randn_like(p) * 1e-3
-    return median_us(opt.step)
+    return timer(opt.step)
 
 
 def main(out):
@@ -52,6 +54,7 @@ def main(out):
         result[f"adam_{kernel}_us"] = step_us(DistAdam(groups, kernel=kernel), [p for g in groups for p in g["params"]])
         params = muon_params(dev)
         result[f"muon_{kernel}_us"] = step_us(Muon(params, kernel=kernel), params)
+        result[f"muon_{kernel}_device_us"] = step_us(Muon(params, kernel=kernel), params, device_us)
         print(kernel, result, flush=True)
         del groups, params
         torch.cuda.empty_cache()
