@@ -141,8 +141,9 @@ def test_tiny_run_unchanged(tmp_path):
 @pytest.mark.gpu
 def test_gpu_graph_sums_train_like_autograd(tmp_path):
     """The tiny run compiled on the GPU in bfloat16 (its embedding tables too), with sums in the graph
-    (the default there, with the casts made once a step), with autograd's, and with the graph's sums but
-    the casts in every micro-step: the same losses to within the compiled step's run-to-run spread."""
+    (the default there, with the casts made once a step), with autograd's, with the graph's sums but
+    the casts in every micro-step, and with the FP8 head's weight operands made once a step
+    (train.head_once): the same losses to within the compiled step's run-to-run spread."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     gpu = ["--set", "train.compile=on", "--set", "train.precompile=false", "--set", "train.warmup_steps=2",
@@ -150,11 +151,14 @@ def test_gpu_graph_sums_train_like_autograd(tmp_path):
     assert train(tmp_path / "a", *gpu, "--set", "train.grad_accum=autograd", steps=6) == 0
     assert train(tmp_path / "b", *gpu, steps=6) == 0
     assert train(tmp_path / "c", *gpu, "--set", "train.cast_once=false", steps=6) == 0
+    assert train(tmp_path / "d", *gpu, "--set", "train.head_once=true", steps=6) == 0
     assert_curves_close(tmp_path / "a", tmp_path / "b")
     assert_curves_close(tmp_path / "c", tmp_path / "b")
+    assert_curves_close(tmp_path / "d", tmp_path / "b")
     run = json.loads((tmp_path / "b" / "env.json").read_text())["run"]
-    assert run["grad_accum"] == "graph" and run["cast_once"] is True
+    assert run["grad_accum"] == "graph" and run["cast_once"] is True and run["head_once"] is False
     assert json.loads((tmp_path / "c" / "env.json").read_text())["run"]["cast_once"] is False
+    assert json.loads((tmp_path / "d" / "env.json").read_text())["run"]["head_once"] is True
 
 
 class Sliced(Small):
@@ -260,3 +264,26 @@ def test_tiny_run_with_casts_once_unchanged(tmp_path):
     assert curves(tmp_path / "a") == curves(tmp_path / "b")
     assert json.loads((tmp_path / "b" / "env.json").read_text())["run"]["cast_once"] is True
     assert json.loads((tmp_path / "a" / "env.json").read_text())["run"]["cast_once"] is False
+
+
+def test_summed_model_hands_keyword_arguments_to_the_model():
+    """head_q (train.head_once) reaches the model's forward with the sums and without."""
+    class Seen(Small):
+        def forward(self, tokens, targets, long_blocks, dtype=torch.bfloat16, head_q=None):
+            self.seen = head_q
+            return super().forward(tokens, targets, long_blocks, dtype)
+
+    model = Seen()
+    tokens, targets, flag = _batches((0,))[0]
+    summed = grad_accum.SummedModel(model)
+    marker = (torch.zeros(1), torch.ones(1))
+    summed(tokens, targets, flag, torch.bfloat16, grad_accum.GradSums(model).begin(), None, head_q=marker)
+    assert model.seen is marker
+    summed(tokens, targets, flag, torch.bfloat16, head_q=None)
+    assert model.seen is None
+
+
+def test_head_once_without_fp8_changes_nothing(tmp_path):
+    """On the CPU the head is not FP8: train.head_once leaves the run as it is and says so."""
+    assert train(tmp_path / "a", "--set", "train.head_once=true", steps=2) == 0
+    assert json.loads((tmp_path / "a" / "env.json").read_text())["run"]["head_once"] is False

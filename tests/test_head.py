@@ -110,6 +110,29 @@ _INTERPRETED = textwrap.dedent(r'''
     out["e5m2_comparable"] = int(comparable.sum())
     out["e5m2_nonzero"] = int((v != 0).sum())
     out["e5m2_bytes_differing"] = int((differ & comparable).sum())
+    # train.head_once: the weight's operands made apart (head.quantize_weight) give the same loss and
+    # gradients bit for bit, eager and compiled; the op then hands back no weight operand of its own
+    x, w, t = inputs(11)
+    def fq(x, w, t, w_q):
+        return head.head_loss(x, w, t, 30.0, "sigmoid", "triton", True, w_q=w_q) / 8
+    w_q = head.quantize_weight(w)
+    once = {}
+    for name, fn, q in (("plain", fq, None), ("once", fq, w_q),
+                        ("once_compiled", torch.compile(fq, fullgraph=True), w_q)):
+        xc, wc = x.clone().requires_grad_(), w.clone().requires_grad_()
+        loss = fn(xc, wc, t, q)
+        once[name] = (loss.detach(), *torch.autograd.grad(loss, (xc, wc)))
+    with torch.no_grad():
+        plain_ops = torch.ops.speedrun.fp8_softcap_ce(x, w, t, 30.0, "sigmoid", 32**0.5 / 448, 2.0**-9, 1 / 448,
+                                                      True)
+        once_ops = torch.ops.speedrun.fp8_softcap_ce(x, w, t, 30.0, "sigmoid", 32**0.5 / 448, 2.0**-9, 1 / 448,
+                                                     True, "precise", "cublas", False, "split", *w_q)
+    out["head_once"] = dict(
+        equal={k: [bool(torch.equal(a, b)) for a, b in zip(once[k], once["plain"])] for k in ("once", "once_compiled")},
+        w_q_is_the_ops=bool(torch.equal(w_q[0].view(torch.uint8), plain_ops[3].view(torch.uint8))),
+        w_qt_is_transpose=bool(torch.equal(w_q[1].view(torch.uint8), w_q[0].T.contiguous().view(torch.uint8))),
+        once_w_numel=once_ops[3].numel(), grad_bytes_equal=bool(torch.equal(once_ops[1].view(torch.uint8),
+                                                                            plain_ops[1].view(torch.uint8))))
     print("RESULT " + json.dumps(out))  # read by interpreter_helpers.run_interpreted
 ''')
 
@@ -163,6 +186,16 @@ def test_kernel_writes_the_e5m2_gradient(interpreted):
     assert r["e5m2_dtype"] == "torch.float8_e5m2"
     assert r["e5m2_comparable"] > 0.8 * r["e5m2_nonzero"] > 800, r  # most elements, of a real gradient
     assert r["e5m2_bytes_differing"] <= 3, r  # only exact ties may round apart (the GPU test: none)
+
+
+def test_weight_operands_made_apart_give_the_same_head(interpreted):
+    """train.head_once: with head.quantize_weight(w) handed in, the fused op's loss, grad_x and grad_w
+    equal the op's own quantisation's bit for bit (eager and compiled whole); the operands are the ones
+    the op makes, the transposed one its transpose; the op then returns no weight operand."""
+    r = interpreted["head_once"]
+    assert r["equal"] == {"once": [True] * 3, "once_compiled": [True] * 3}, r
+    assert r["w_q_is_the_ops"] and r["w_qt_is_transpose"] and r["grad_bytes_equal"], r
+    assert r["once_w_numel"] == 0, r
 
 
 def test_path_choice():
@@ -231,3 +264,37 @@ def test_gpu_kernel_e5m2_gradient_is_torchs_cast(cuda):
     ref = (g32 * (1 / fp8.GRAD_SCALE)).to(torch.float8_e5m2)
     assert (ref.float() != 0).sum() > N * V // 4
     assert torch.equal(g8.view(torch.uint8), ref.view(torch.uint8))
+
+
+@pytest.mark.gpu
+def test_gpu_head_once_gives_the_same_head(cuda):
+    """train.head_once at the record's head size (4,096 tokens): the weight's operands made apart by the
+    compiled `head.quantize_weight` are the op's own bit for bit, and the compiled head with them gives
+    the same loss, grad_x and grad_w bit for bit (the Gluon forward where it applies)."""
+    pytest.importorskip("triton")
+    from speedrun import fp8, head
+    if not fp8.fp8_supported(cuda):
+        pytest.skip("GPU without FP8 matrix products")
+    g = torch.Generator("cuda").manual_seed(2)
+    N, K, M = 4096, 768, 50304
+    x = torch.nn.functional.rms_norm(torch.randn(N, K, generator=g, device="cuda"), (K,)).bfloat16()
+    w = torch.randn(M, K, generator=g, device="cuda") * 0.02
+    t = torch.randint(0, 50257, (N,), generator=g, device="cuda")
+
+    def fn(x, w, t, w_q):
+        return head.head_loss(x, w, t, 30.0, "sigmoid", "triton", True, "lean", "auto", w_q=w_q) / N
+
+    w_q = head.quantize_weight(w)
+    with torch.no_grad():
+        own = torch.ops.speedrun.fp8_softcap_ce(x, w, t, 30.0, "sigmoid", head.x_scale(K), fp8.W_SCALE,
+                                                fp8.GRAD_SCALE, True, "lean", "auto")[3]
+    assert torch.equal(w_q[0].view(torch.uint8), own.view(torch.uint8))
+    assert torch.equal(w_q[1].view(torch.uint8), own.T.contiguous().view(torch.uint8))
+    compiled = torch.compile(fn, fullgraph=True)
+    results = []
+    for q in (None, w_q):
+        xi, wi = x.clone().requires_grad_(), w.clone().requires_grad_()
+        loss = compiled(xi, wi, t, q)
+        results.append((loss.detach(), *torch.autograd.grad(loss, (xi, wi))))
+    for a, b, name in zip(results[0], results[1], ("loss", "grad_x", "grad_w")):
+        assert torch.equal(a, b), name

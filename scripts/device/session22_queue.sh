@@ -9,6 +9,8 @@
 #   full    restore the kept shards; two proxy212 runs of the default on the strict caches [full.done]
 #   suite   the whole GPU suite, a pytest per file with GPU tests, each at most 170 s, its own log q-suite.log
 #           (wait S all q-suite.log) [all.done]
+#   head    (written for the next session) the GPU tests of train.head_once (test_head.py, test_grad_accum.py),
+#           then three A/B rounds: the default against train.head_once=true; log q-head.log [all.done]
 #   wait S [D [LOG]]  as session18_queue.sh's
 # Carry [".proxy"] without shard 4 for check, then [".proxy"] with shard 4 alone for full, at once after.
 set -u
@@ -40,7 +42,19 @@ case "${1:-}" in
         echo "$(date +%T) $f: exit $rc | $(tail -1 "$RES/gpu-$(basename "$f" .py).log")"
       done
       touch "$RES/all.done" ) > "$RES/q-suite.log" 2>&1 ;;
+  head)
+    queue_start
+    ( export CUDA_VISIBLE_DEVICES=0
+      env -u PYTHONPYCACHEPREFIX timeout 300 python3 -m pytest -m gpu -q tests/test_head.py tests/test_grad_accum.py \
+        -s > "$RES/gpu-tests-head-once.log" 2>&1; rc=$?
+      echo "$(date +%T) GPU tests (head, grad_accum): exit $rc | $(tail -1 "$RES/gpu-tests-head-once.log")"
+      bytecode_on
+      for r in 1 2 3; do
+        AB_CACHE=strict ab_shared default$r
+        AB_CACHE=strict ab_shared headonce$r --set train.head_once=true
+      done
+      touch "$RES/all.done" ) > "$RES/q-head.log" 2>&1 ;;
   full) full_pair ;;
   wait) follow_and_collect "${2:-560}" "$RES/${3:-all}.done" "$RES/${4:-q.log}"; exit $? ;;
-  *) echo "usage: $0 check | full | suite | wait SECONDS [DONE-NAME [LOG]]" >&2; exit 2 ;;
+  *) echo "usage: $0 check | full | suite | head | wait SECONDS [DONE-NAME [LOG]]" >&2; exit 2 ;;
 esac

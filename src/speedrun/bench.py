@@ -770,6 +770,7 @@ def run_bench(args) -> dict:
             "world_size": W, "micro_steps": tr.micro_steps, "compile": cfg.train.compile if tr.compiled else "off",
             "attention_backend": d["attention_backend"], "fp8_head": d["fp8_head"], "dtype": d["dtype"],
             "cuda_graphs": d["cuda_graphs"], "grad_accum": d["grad_accum"], "cast_once": d["cast_once"],
+            "head_once": d["head_once"],
             "parameters": d["parameters"], "data": args.data, "overrides": list(args.overrides),
             "warmup": args.warmup, "steps": args.steps, "repeats": args.repeats,
             "progress": "spread" if args.progress is None else args.progress,

@@ -118,6 +118,8 @@ def graph_config(cfg) -> dict:
         train["grad_accum"] = t["grad_accum"]
     if not t.get("cast_once", True):  # named only when off, as pdl when on
         train["cast_once"] = False
+    if t.get("head_once"):
+        train["head_once"] = True
     return {"model": d["model"], "attention": d["attention"], "train": train}
 
 

@@ -38,16 +38,37 @@ def _scale(t: Tensor, s: float) -> Tensor:
 
 def quantize(x: Tensor, w: Tensor, x_s: float, w_s: float) -> tuple[Tensor, Tensor]:
     """The product's FP8 operands: x / x_s and w / w_s in float8_e4m3fn."""
-    return x.div(x_s).to(torch.float8_e4m3fn), w.div(w_s).to(torch.float8_e4m3fn)
+    return quantize_input(x, x_s), w.div(w_s).to(torch.float8_e4m3fn)
+
+
+def quantize_input(x: Tensor, x_s: float) -> Tensor:
+    return x.div(x_s).to(torch.float8_e4m3fn)
+
+
+def quantize_weight(w: Tensor, w_s: float) -> tuple[Tensor, Tensor]:
+    """w / w_s in float8_e4m3fn, as `quantize` makes it, and its transposed copy (K, M), the layout
+    grad_x's product reads: both depend on the weight alone, so a trainer may make them once a step
+    (`train.head_once`) and hand them to the fused head (`head.fp8_softcap_ce`'s w_q, w_qt)."""
+    w_f8 = w.div(w_s).to(torch.float8_e4m3fn)
+    return w_f8, w_f8.T.contiguous()
 
 
 def _forward_impl(x: Tensor, w: Tensor, x_s: float, w_s: float) -> tuple[Tensor, Tensor, Tensor]:
     x_f8, w_f8 = quantize(x, w, x_s, w_s)
-    out = torch._scaled_mm(
+    return _product(x_f8, w_f8, x, x_s, w_s), x_f8, w_f8
+
+
+def _forward_quantized_w(x: Tensor, w_f8: Tensor, x_s: float, w_s: float) -> tuple[Tensor, Tensor]:
+    """`_forward_impl` with the weight already quantised: z and x's FP8 operand."""
+    x_f8 = quantize_input(x, x_s)
+    return _product(x_f8, w_f8, x, x_s, w_s), x_f8
+
+
+def _product(x_f8: Tensor, w_f8: Tensor, x: Tensor, x_s: float, w_s: float) -> Tensor:
+    return torch._scaled_mm(
         x_f8, w_f8.T, out_dtype=torch.bfloat16,
         scale_a=_scale(x, x_s), scale_b=_scale(x, w_s), use_fast_accum=True,
     )
-    return out, x_f8, w_f8
 
 
 def _backward_impl(
@@ -66,12 +87,14 @@ def _backward_impl(
     return grad_x, grad_w
 
 
-def grad_x_prequantized(g_f8: Tensor, upstream: Tensor, w_f8: Tensor, w_s: float, grad_s: float) -> Tensor:
+def grad_x_prequantized(g_f8: Tensor, upstream: Tensor, w_f8: Tensor, w_s: float, grad_s: float,
+                        w_f8_t: Tensor | None = None) -> Tensor:
     """grad_x of the FP8 product for the upstream gradient g_f8 * grad_s * upstream, where g_f8 (N, M)
     is already e5m2 and `upstream` a 0-d tensor, folded into the product's scale (the fused head:
-    `head.fp8_softcap_ce`)."""
+    `head.fp8_softcap_ce`); w_f8_t: w_f8's transposed copy where the caller has it."""
+    w_t = w_f8.T.contiguous() if w_f8_t is None else w_f8_t
     return torch._scaled_mm(
-        g_f8, w_f8.T.contiguous().T, out_dtype=torch.bfloat16,
+        g_f8, w_t.T, out_dtype=torch.bfloat16,
         scale_a=upstream.float() * grad_s, scale_b=_scale(g_f8, w_s), use_fast_accum=False,
     )
 

@@ -111,23 +111,25 @@ class SummedModel(nn.Module):
     """The step model with `train.grad_accum=graph`: `forward(tokens, targets, long_blocks, dtype, sums,
     casts)` is the model's forward whose backward adds the gradients into `sums` (one tensor per trained
     parameter, in `trained_parameters` order), reading a parameter as its entry of `casts` where that is
-    not None (`StepCasts.aligned`); without sums (validation) the model's forward as is."""
+    not None (`StepCasts.aligned`); without sums (validation) the model's forward as is. Keyword arguments
+    go to the model's forward."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
         self.model = model
 
     def forward(self, tokens: Tensor, targets: Tensor, long_blocks: Tensor, dtype: torch.dtype = torch.float32,
-                sums: list[Tensor] | None = None, casts: list[Tensor | None] | None = None) -> Tensor:
+                sums: list[Tensor] | None = None, casts: list[Tensor | None] | None = None,
+                **kwargs) -> Tensor:
         if sums is None:
-            return self.model(tokens, targets, long_blocks, dtype)
+            return self.model(tokens, targets, long_blocks, dtype, **kwargs)
         named = trained_parameters(self.model)
         casts = [None] * len(named) if casts is None else casts
         if not len(named) == len(sums) == len(casts):
             raise ValueError(f"SummedModel: {len(sums)} sums and {len(casts)} casts for {len(named)} trained "
                              "parameters")
         params = {name: _wrap(p, s, c) for (name, p), s, c in zip(named, sums, casts)}
-        return torch.func.functional_call(self.model, params, (tokens, targets, long_blocks, dtype))
+        return torch.func.functional_call(self.model, params, (tokens, targets, long_blocks, dtype), kwargs)
 
 
 class GradSums:

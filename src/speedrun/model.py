@@ -379,19 +379,28 @@ class GPT(nn.Module):
         x = self.hidden(tokens, long_blocks, dtype)[0]
         return self.softcap(_linear(x, self.head_weight))
 
-    def forward(self, tokens: Tensor, targets: Tensor, long_blocks: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
-        """Cross-entropy: summed over tokens in training, mean in evaluation."""
-        return self.head_loss(self.hidden(tokens, long_blocks, dtype)[0], targets)
+    def forward(self, tokens: Tensor, targets: Tensor, long_blocks: Tensor, dtype: torch.dtype = torch.float32,
+                head_q: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        """Cross-entropy: summed over tokens in training, mean in evaluation; head_q: `head_operands()`
+        made for the current weights (the training head then does not quantise its weight)."""
+        return self.head_loss(self.hidden(tokens, long_blocks, dtype)[0], targets, head_q)
 
-    def head_loss(self, x: Tensor, targets: Tensor) -> Tensor:
+    def head_loss(self, x: Tensor, targets: Tensor, head_q: tuple[Tensor, Tensor] | None = None) -> Tensor:
         """The head and the loss on final hidden states (T, dim)."""
         if not self.training:
             return self.eval_loss(x, targets)
         cfg = self.cfg
         return head_ops.head_loss(
             x, self.head_weight, targets, cfg.logit_softcap, cfg.softcap_form, cfg.ce_kernel, self.use_fp8,
-            cfg.ce_math, cfg.head_kernel, cfg.ce_transposed, cfg.head_rowsums,
+            cfg.ce_math, cfg.head_kernel, cfg.ce_transposed, cfg.head_rowsums, head_q,
         )
+
+    @torch.no_grad()
+    def head_operands(self) -> tuple[Tensor, Tensor] | None:
+        """The FP8 head's weight operands for the current head weight (`head.quantize_weight`), or None
+        where the head is not FP8. Stale as soon as the weight changes: a trainer makes them once a step
+        (`train.head_once`) and passes them to `forward` as head_q."""
+        return head_ops.quantize_weight(self.head_weight) if self.use_fp8 else None
 
     def eval_loss(self, x: Tensor, targets: Tensor, chunk: int = EVAL_CHUNK) -> Tensor:
         """Mean cross-entropy with the head applied in chunks of tokens, so that a

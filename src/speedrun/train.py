@@ -270,7 +270,7 @@ class Trainer:
         self.grad_accum = grad_accum.resolve(cfg.train.grad_accum, cfg.train.compile, self.compiled,
                                              cfg.train.cudagraphs, self.micro_steps)
         self.grad_sums = grad_accum.GradSums(self.model) if self.grad_accum == "graph" else None
-        self.step_casts = None
+        self.step_casts, self.head_q = None, None
         if self.grad_sums is not None and cfg.train.cast_once:
             self.step_casts = grad_accum.StepCasts(self.model, self.model.cast_only_names(), self.dtype)
         self.step_model = dynamo_cache.compile_with(  # whole model or regional
@@ -314,6 +314,7 @@ class Trainer:
             "cuda_graphs": bool(self.cfg.train.cudagraphs and self.compiled),
             "grad_accum": self.grad_accum,
             "cast_once": self.step_casts is not None and bool(self.step_casts.copies),
+            "head_once": bool(self.cfg.train.head_once and self.model.use_fp8),
         }
 
     def _write_run_header(self) -> None:
@@ -359,6 +360,7 @@ class Trainer:
         batches = self.guard.next_batches()  # skips batches marked bad after a recovery
         if self.step_casts is not None:  # the parameters as the optimiser (or a recovery) left them
             self.step_casts.refresh()
+        self.head_q = self.model.head_operands() if self.cfg.train.head_once else None
         with self.guard.health.watch(step):  # activation hooks, on health steps only
             for i, (inputs, targets) in enumerate(batches):
                 self.mark_graph_step()
@@ -383,10 +385,11 @@ class Trainer:
     def forward(self, inputs: torch.Tensor, targets: torch.Tensor, window: torch.Tensor) -> torch.Tensor:
         """A training micro-step's loss; with train.grad_accum=graph its backward adds the gradients
         into the running sums (grad_accum.py)."""
+        extra = {} if self.head_q is None else {"head_q": self.head_q}
         if self.grad_sums is None:
-            return self.step_model(inputs, targets, window, self.dtype)
+            return self.step_model(inputs, targets, window, self.dtype, **extra)
         casts = None if self.step_casts is None else self.step_casts.aligned()
-        return self.step_model(inputs, targets, window, self.dtype, self.grad_sums.begin(), casts)
+        return self.step_model(inputs, targets, window, self.dtype, self.grad_sums.begin(), casts, **extra)
 
     def mark_graph_step(self) -> None:
         """With train.cudagraphs: a new graph step before each forward. The last replay's outputs (the
