@@ -287,3 +287,17 @@ def test_head_once_without_fp8_changes_nothing(tmp_path):
     """On the CPU the head is not FP8: train.head_once leaves the run as it is and says so."""
     assert train(tmp_path / "a", "--set", "train.head_once=true", steps=2) == 0
     assert json.loads((tmp_path / "a" / "env.json").read_text())["run"]["head_once"] is False
+
+
+def test_casts_once_resume_exactly(tmp_path):
+    """bfloat16 on the CPU with the casts made once a step: stopped by SIGTERM after step 2 and resumed,
+    the run is the straight one loss for loss (the casts come from the restored weights)."""
+    from reliability_helpers import resume
+
+    bf16 = ["--set", "train.grad_accum=graph", "--set", "train.dtype=bfloat16", "--checkpoint-every", "2"]
+    assert train(tmp_path / "straight", *bf16, steps=4) == 0
+    run = tmp_path / "run"
+    assert train(run, *bf16, "--set", "train.inject_fault=sigterm@2", steps=4) == 143
+    assert resume(run) == 0
+    assert curves(run) == curves(tmp_path / "straight")
+    assert json.loads((run / "env.json").read_text())["run"]["cast_once"] is True
