@@ -180,15 +180,17 @@ def test_gpu_fused_head_gluon_matches_cublas_path(cuda):
 
 
 def test_model_passes_its_head_settings(monkeypatch):
-    """model.head_kernel, model.ce_transposed and model.head_rowsums travel from the config to head.head_loss."""
+    """model.head_kernel, model.ce_transposed and model.head_rowsums travel from the config to head.head_loss,
+    and the forward's head_q (train.head_once) as its w_q."""
     from speedrun import model as model_module
     from speedrun.config import apply_overrides
     from speedrun.presets import demo
 
     seen = {}
 
-    def head_loss(x, w, targets, cap, form, ce_impl, use_fp8, ce_math, head_kernel, ce_transposed, head_rowsums):
-        seen.update(head_kernel=head_kernel, ce_transposed=ce_transposed, head_rowsums=head_rowsums)
+    def head_loss(x, w, targets, cap, form, ce_impl, use_fp8, ce_math, head_kernel, ce_transposed, head_rowsums,
+                  w_q=None):
+        seen.update(head_kernel=head_kernel, ce_transposed=ce_transposed, head_rowsums=head_rowsums, w_q=w_q)
         return x.float().sum() * 0.0
 
     monkeypatch.setattr(model_module.head_ops, "head_loss", head_loss)
@@ -200,4 +202,7 @@ def test_model_passes_its_head_settings(monkeypatch):
     model = model_module.GPT(cfg.model, cfg.attention)
     tok = torch.randint(0, 500, (128,))
     model(tok, torch.roll(tok, -1), torch.tensor(2))
-    assert seen == {"head_kernel": "cublas", "ce_transposed": True, "head_rowsums": "consumers"}
+    assert seen == {"head_kernel": "cublas", "ce_transposed": True, "head_rowsums": "consumers", "w_q": None}
+    marker = (torch.zeros(1), torch.zeros(1))
+    model(tok, torch.roll(tok, -1), torch.tensor(2), torch.float32, marker)
+    assert seen["w_q"] is marker
