@@ -208,18 +208,25 @@ def test_path_choice():
 # --------------------------------------------------------------------------- GPU
 
 
-@pytest.mark.gpu
-def test_gpu_fused_head_matches_split_at_record_size(cuda):
-    """One record micro-step (49,152 x 768 -> 50,304), compiled fullgraph as the model runs it."""
+def _gpu_head_inputs(cuda, seed: int, N: int, K: int = 768, M: int = 50304):
+    """RMS-normed bfloat16 x (N, K), a float32 head (M, K) and targets, on a GPU with FP8 products."""
     pytest.importorskip("triton")
-    from speedrun import fp8, head, softcap_ce as sc
+    from speedrun import fp8
     if not fp8.fp8_supported(cuda):
         pytest.skip("GPU without FP8 matrix products")
-    g = torch.Generator("cuda").manual_seed(0)
-    N, K, M = 49152, 768, 50304
+    g = torch.Generator("cuda").manual_seed(seed)
     x = torch.nn.functional.rms_norm(torch.randn(N, K, generator=g, device="cuda"), (K,)).bfloat16()
     w = torch.randn(M, K, generator=g, device="cuda") * 0.02
     t = torch.randint(0, 50257, (N,), generator=g, device="cuda")
+    return x, w, t
+
+
+@pytest.mark.gpu
+def test_gpu_fused_head_matches_split_at_record_size(cuda):
+    """One record micro-step (49,152 x 768 -> 50,304), compiled fullgraph as the model runs it."""
+    from speedrun import fp8, head, softcap_ce as sc
+    N = 49152
+    x, w, t = _gpu_head_inputs(cuda, 0, N)
 
     def fused(x, w, t):
         return head.head_loss(x, w, t, 30.0, "sigmoid", "triton", True) / N
@@ -271,15 +278,9 @@ def test_gpu_head_once_gives_the_same_head(cuda):
     """train.head_once at the record's head size (4,096 tokens): the weight's operands made apart by the
     compiled `head.quantize_weight` are the op's own bit for bit, and the compiled head with them gives
     the same loss, grad_x and grad_w bit for bit (the Gluon forward where it applies)."""
-    pytest.importorskip("triton")
     from speedrun import fp8, head
-    if not fp8.fp8_supported(cuda):
-        pytest.skip("GPU without FP8 matrix products")
-    g = torch.Generator("cuda").manual_seed(2)
-    N, K, M = 4096, 768, 50304
-    x = torch.nn.functional.rms_norm(torch.randn(N, K, generator=g, device="cuda"), (K,)).bfloat16()
-    w = torch.randn(M, K, generator=g, device="cuda") * 0.02
-    t = torch.randint(0, 50257, (N,), generator=g, device="cuda")
+    N, K = 4096, 768
+    x, w, t = _gpu_head_inputs(cuda, 2, N)
 
     def fn(x, w, t, w_q):
         return head.head_loss(x, w, t, 30.0, "sigmoid", "triton", True, "lean", "auto", w_q=w_q) / N
