@@ -114,6 +114,25 @@ full_pair() {  # restore the kept shards; two proxy212 runs (full-a, full-b) on 
     touch "$RES/full.done" ) > "$RES/q-full.log" 2>&1
 }
 
+check_start() { stage_proxy > /dev/null; queue_start; }  # a check queue's start: keep the shards, unpack
+
+gpu_tests() {  # gpu_tests NAME SECONDS FILES...: those files' GPU tests (no bytecode prefix), at most SECONDS,
+  # into $RES/gpu-tests-NAME.log; one line with the exit status and pytest's summary
+  local name=$1 secs=$2; shift 2
+  env -u PYTHONPYCACHEPREFIX timeout "$secs" python3 -m pytest -m gpu -q "$@" -s > "$RES/gpu-tests-$name.log" 2>&1
+  local rc=$?
+  echo "$(date +%T) GPU tests ($name): exit $rc | $(tail -1 "$RES/gpu-tests-$name.log")"
+}
+
+ab_rounds() {  # ab_rounds CACHE DEFAULT-ROUNDS NAME-A "ARGS-A" NAME-B "ARGS-B": A/B per round on one cache
+  # (rounds $AB_ROUNDS when set)
+  local cache=$1 rounds=$2 r
+  for r in ${AB_ROUNDS:-$rounds}; do
+    AB_CACHE=$cache ab_shared "$3$r" $4
+    AB_CACHE=$cache ab_shared "$5$r" $6
+  done
+}
+
 verify_prelude() {  # a verify queue's start, inside its logged subshell: the strict cold start as the machine's
   # first Python process, then the clock and power log, then GPU 0 for what follows
   strict_cold

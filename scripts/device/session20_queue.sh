@@ -15,13 +15,6 @@
 set -u
 source scripts/device/common.sh
 
-ab_rounds() {  # ab_rounds CACHE DEFAULT-ROUNDS NAME-A "ARGS-A" NAME-B "ARGS-B": A/B per round on one cache
-  local cache=$1 rounds=$2 r
-  for r in ${AB_ROUNDS:-$rounds}; do
-    AB_CACHE=$cache ab_shared "$3$r" $4
-    AB_CACHE=$cache ab_shared "$5$r" $6
-  done
-}
 queue_on_gpu0() {  # queue_on_gpu0 NAME: no stale done files, the GPU named, its clocks logged; then GPU 0
   rm -f "$RES"/*.done
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv > "$RES/gpus-$1.csv"
@@ -31,15 +24,9 @@ queue_on_gpu0() {  # queue_on_gpu0 NAME: no stale done files, the GPU named, its
 
 case "${1:-}" in
   check)
-    stage_proxy > /dev/null
-    queue_start
-    ( strict_cold
-      clocks_log clocks.csv
-      disown
-      export CUDA_VISIBLE_DEVICES=0
-      env -u PYTHONPYCACHEPREFIX timeout 240 python3 -m pytest -m gpu -q tests/test_grad_accum.py \
-        > "$RES/gpu-tests-grad-accum.log" 2>&1
-      echo "$(date +%T) GPU tests (grad_accum): $(tail -1 "$RES/gpu-tests-grad-accum.log")"
+    check_start
+    ( verify_prelude
+      gpu_tests grad-accum 240 tests/test_grad_accum.py
       bytecode_on
       ab_rounds strict "1 2" graph "" autograd "--set train.grad_accum=autograd"
       touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
@@ -51,15 +38,13 @@ case "${1:-}" in
         echo "$(date +%T) profile $arm"
         env $(caches strict) python3 -m speedrun.cli bench --preset proxy212 --steps 3 --repeats 1 --warmup 3 \
           --set train.grad_accum=$arm --profile "$RES/profile-$arm.txt" --json "$RES/prof-$arm.json" \
-          > "$RES/prof-$arm.log" 2>&1
-        echo "$(date +%T) profile $arm: exit $? | $(grep -E 'ms/step|rror' "$RES/prof-$arm.log" | tr '\n' ' ')"
+          > "$RES/prof-$arm.log" 2>&1; rc=$?
+        echo "$(date +%T) profile $arm: exit $rc | $(grep -E 'ms/step|rror' "$RES/prof-$arm.log" | tr '\n' ' ')"
       done
       touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
   pdl)
     ( queue_on_gpu0 pdl
-      env -u PYTHONPYCACHEPREFIX timeout 240 python3 -m pytest -m gpu -q tests/test_pdl.py \
-        > "$RES/gpu-tests-pdl.log" 2>&1
-      echo "$(date +%T) GPU tests (pdl): $(tail -1 "$RES/gpu-tests-pdl.log")"
+      gpu_tests pdl 240 tests/test_pdl.py
       bytecode_on
       ab_rounds ab-pdl "1 2" pdl "--set train.pdl=true" default ""
       touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;

@@ -18,14 +18,9 @@ OLD="--set model.gate_kernel=linear --set optim.kernel=torch --set attention.ord
 
 case "${1:-}" in
   check)
-    stage_proxy > /dev/null
-    queue_start
-    ( strict_cold
-      clocks_log clocks.csv
-      export CUDA_VISIBLE_DEVICES=0
-      env -u PYTHONPYCACHEPREFIX timeout 300 python3 -m pytest -m gpu -q tests/test_optim_kernels.py \
-        tests/test_block_order.py tests/test_attn_inputs.py -s > "$RES/gpu-tests-new.log" 2>&1
-      echo "$(date +%T) GPU tests (new kernels): $(tail -1 "$RES/gpu-tests-new.log")"
+    check_start
+    ( verify_prelude
+      gpu_tests new 300 tests/test_optim_kernels.py tests/test_block_order.py tests/test_attn_inputs.py
       (cd scripts/device && timeout 120 python3 optim_bench.py "$RES/optim-bench.json" > "$RES/optim-bench.log" 2>&1)
       echo "$(date +%T) optim bench: $(tail -1 "$RES/optim-bench.log")"
       bytecode_on

@@ -19,19 +19,11 @@ OLD="--set train.cast_once=false"
 
 case "${1:-}" in
   check)
-    stage_proxy > /dev/null
-    queue_start
-    ( strict_cold
-      clocks_log clocks.csv
-      export CUDA_VISIBLE_DEVICES=0
-      env -u PYTHONPYCACHEPREFIX timeout 240 python3 -m pytest -m gpu -q tests/test_optim_kernels.py \
-        tests/test_attn_inputs.py tests/test_grad_accum.py -s > "$RES/gpu-tests-new.log" 2>&1
-      echo "$(date +%T) GPU tests (optim kernels, attn_inputs, grad_accum): $(tail -1 "$RES/gpu-tests-new.log")"
+    check_start
+    ( verify_prelude
+      gpu_tests new 240 tests/test_optim_kernels.py tests/test_attn_inputs.py tests/test_grad_accum.py
       bytecode_on
-      for r in 1 2 3; do
-        AB_CACHE=strict ab_shared new$r
-        AB_CACHE=strict ab_shared old$r $OLD
-      done
+      ab_rounds strict "1 2 3" new "" old "$OLD"
       touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
   suite)
     rm -f "$RES"/*.done
@@ -45,14 +37,9 @@ case "${1:-}" in
   head)
     queue_start
     ( export CUDA_VISIBLE_DEVICES=0
-      env -u PYTHONPYCACHEPREFIX timeout 300 python3 -m pytest -m gpu -q tests/test_head.py tests/test_grad_accum.py \
-        -s > "$RES/gpu-tests-head-once.log" 2>&1; rc=$?
-      echo "$(date +%T) GPU tests (head, grad_accum): exit $rc | $(tail -1 "$RES/gpu-tests-head-once.log")"
+      gpu_tests head-once 300 tests/test_head.py tests/test_grad_accum.py
       bytecode_on
-      for r in 1 2 3; do
-        AB_CACHE=strict ab_shared default$r
-        AB_CACHE=strict ab_shared headonce$r --set train.head_once=true
-      done
+      ab_rounds strict "1 2 3" default "" headonce "--set train.head_once=true"
       touch "$RES/all.done" ) > "$RES/q-head.log" 2>&1 ;;
   full) full_pair ;;
   wait) follow_and_collect "${2:-560}" "$RES/${3:-all}.done" "$RES/${4:-q.log}"; exit $? ;;

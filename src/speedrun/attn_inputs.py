@@ -44,14 +44,13 @@ tests see the GPU's rounding.
 
 from __future__ import annotations
 
-import os
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from speedrun import bf16_rounding
-from speedrun.kernel_choice import IMPLS, TRITON_FOUND, pick_impl  # noqa: F401 (this module's interface)
+from speedrun.kernel_choice import IMPLS, TRITON_FOUND, import_triton, pick_impl  # noqa: F401 (its interface)
 
 KERNEL_DTYPES = (torch.bfloat16, torch.float32)
 
@@ -147,15 +146,11 @@ _fwd_kernel = _bwd_kernel = None
 
 def _build_kernel():
     """Import Triton and define the kernels (once). Reads TRITON_INTERPRET at this moment."""
-    global triton, tl, _KERNELS, _INTERPRETED, _rne_bf16, _cast, _rows, _halves_at, _store_halves  # module
+    global _KERNELS, _INTERPRETED, _rne_bf16, _cast, _rows, _halves_at, _store_halves  # module
     global _norm_rotate, _unrotate_norm_grad, _fwd_kernel, _bwd_kernel  # globals: the interpreter re-runs them
     if _KERNELS is not None:
         return _KERNELS
-    import triton as _triton
-    import triton.language as _tl
-
-    triton, tl = _triton, _tl
-    _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+    _INTERPRETED = import_triton(globals())
 
     _rne_bf16 = bf16_rounding.build()  # called from the kernels below through this module's globals
 

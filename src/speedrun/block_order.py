@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from speedrun.kernel_choice import IMPLS, TRITON_FOUND, pick_impl  # noqa: F401 (this module's interface)
+from speedrun.kernel_choice import IMPLS, TRITON_FOUND, import_triton, pick_impl  # noqa: F401 (its interface)
 
 triton = None  # set by _build_kernel on first use
 tl = None
@@ -37,13 +37,10 @@ _order_kernel = None
 
 def _build_kernel():
     """Import Triton and define the kernel (once). Reads TRITON_INTERPRET at this moment."""
-    global triton, tl, _order_kernel  # module globals: the interpreter re-executes the source with them
+    global _order_kernel  # module globals: the interpreter re-executes the source with them
     if _order_kernel is not None:
         return _order_kernel
-    import triton as _triton
-    import triton.language as _tl
-
-    triton, tl = _triton, _tl
+    import_triton(globals())
 
     @triton.jit
     def _order_kernel(M, COUNT, IDX, N, stride_r, stride_c, BLOCK: tl.constexpr, HIGHEST_FIRST: tl.constexpr):

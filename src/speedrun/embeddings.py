@@ -48,13 +48,12 @@ own conversions truncate).
 
 from __future__ import annotations
 
-import os
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from speedrun.kernel_choice import TRITON_FOUND, pick_impl
+from speedrun.kernel_choice import TRITON_FOUND, import_triton, pick_impl
 
 KERNEL_DTYPES = (torch.bfloat16, torch.float32)
 # Sorted positions a program sums (the side of M), columns a program takes, warps. Swept on an H200 at the
@@ -172,15 +171,11 @@ _cast = _row = _pick = _chunk_sums = _chunk_kernel = _chain_kernel = None
 
 def _build_kernel():
     """Import Triton and define the kernels (once). Reads TRITON_INTERPRET at this moment."""
-    global triton, tl, _KERNELS, _INTERPRETED, _cast, _row, _pick, _chunk_sums, _chunk_kernel  # module
+    global _KERNELS, _INTERPRETED, _cast, _row, _pick, _chunk_sums, _chunk_kernel  # module
     global _chain_kernel  # globals: the interpreter re-runs them
     if _KERNELS is not None:
         return _KERNELS
-    import triton as _triton
-    import triton.language as _tl
-
-    triton, tl = _triton, _tl
-    _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+    _INTERPRETED = import_triton(globals())
 
     @triton.jit
     def _cast(x, P, EMULATE_RNE: tl.constexpr):

@@ -13,6 +13,7 @@ interpreter (the CPU tests do this in a subprocess).
 from __future__ import annotations
 
 import importlib.util
+import os
 
 from torch import Tensor
 
@@ -29,3 +30,15 @@ def pick_impl(t: Tensor, impl: str = "auto") -> str:
     if impl == "auto":
         return "triton" if (t.is_cuda and TRITON_FOUND) else "torch"
     return impl
+
+
+def import_triton(module_globals: dict) -> bool:
+    """Import Triton into a kernel module's globals as `triton` and `tl`, the names its kernels' source
+    uses: Triton's interpreter re-executes a kernel's source with its module's globals only, so the
+    kernels and the helpers they call must be module globals too (each module's `_build_kernel`).
+    Returns whether TRITON_INTERPRET=1 is set now, i.e. whether the kernels defined next are interpreted."""
+    import triton
+    import triton.language as tl
+
+    module_globals["triton"], module_globals["tl"] = triton, tl
+    return os.environ.get("TRITON_INTERPRET") == "1"

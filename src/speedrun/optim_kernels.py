@@ -30,14 +30,13 @@ the last bits); Muon's step 4,693 → 4,819 µs, no gain.
 
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from speedrun import bf16_rounding
-from speedrun.kernel_choice import IMPLS, TRITON_FOUND, pick_impl  # noqa: F401 (this module's interface)
+from speedrun.kernel_choice import IMPLS, TRITON_FOUND, import_triton, pick_impl  # noqa: F401 (its interface)
 
 BLOCK = 2048  # elements per program: 8 per thread at 8 warps
 NUM_WARPS = 8
@@ -52,15 +51,11 @@ _rne_bf16 = _rounded = _lerp = _adam_kernel = _momentum_kernel = None
 
 def _build_kernels():
     """Import Triton and define the kernels (once). Reads TRITON_INTERPRET at this moment."""
-    global triton, tl, _INTERPRETED, _KERNELS, _rne_bf16, _rounded, _lerp  # module globals: the
+    global _INTERPRETED, _KERNELS, _rne_bf16, _rounded, _lerp  # module globals: the
     global _adam_kernel, _momentum_kernel  # interpreter re-executes the source with them
     if _KERNELS is not None:
         return _KERNELS
-    import triton as _triton
-    import triton.language as _tl
-
-    triton, tl = _triton, _tl
-    _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+    _INTERPRETED = import_triton(globals())
 
     _rne_bf16 = bf16_rounding.build()  # called from the kernels below through this module's globals
 

@@ -57,7 +57,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from speedrun.kernel_choice import TRITON_FOUND, pick_impl
+from speedrun.kernel_choice import TRITON_FOUND, import_triton, pick_impl
 
 # The launch, per direction; `options` ("KEY=VALUE,fwd.KEY=VALUE,bwd.KEY=VALUE") overrides it.
 # Chosen on an H200 at the record's shapes (scripts/device/relu2_bench.py, 53 launches; docs/benchmarks.md,
@@ -211,13 +211,10 @@ _tile_coords = _epilogue = _halves = _relu2_mm_kernel = None
 
 def _build_kernel():
     """Import Triton and define the kernel (once). Reads TRITON_INTERPRET at this moment."""
-    global triton, tl, _KERNEL, _tile_coords, _epilogue, _halves, _relu2_mm_kernel  # module globals: the
-    if _KERNEL is not None:                                   # interpreter re-executes the source with them
+    global _KERNEL, _tile_coords, _epilogue, _halves, _relu2_mm_kernel  # module globals: the interpreter
+    if _KERNEL is not None:  # re-executes the source with them
         return _KERNEL
-    import triton as _triton
-    import triton.language as _tl
-
-    triton, tl = _triton, _tl
+    import_triton(globals())
 
     @triton.jit
     def _tile_coords(tile, num_m, num_n, GROUP_M: tl.constexpr):

@@ -61,7 +61,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from speedrun.kernel_choice import IMPLS, TRITON_FOUND, pick_impl  # noqa: F401 (this module's interface)
+from speedrun.kernel_choice import IMPLS, TRITON_FOUND, import_triton, pick_impl  # noqa: F401 (its interface)
 from speedrun import transpose
 
 FORMS = ("sigmoid", "tanh", "none")
@@ -164,13 +164,10 @@ _FORM_CODE = {"none": 0, "sigmoid": 1, "tanh": 2}
 
 def _build_kernel():
     """Import Triton and define the kernel (once). Reads TRITON_INTERPRET at this moment."""
-    global triton, tl, _KERNEL, _softcap_jit, _softcap_ce_kernel  # defs below bind module globals:
+    global _KERNEL, _softcap_jit, _softcap_ce_kernel  # defs below bind module globals:
     if _KERNEL is not None:
         return _KERNEL
-    import triton as _triton
-    import triton.language as _tl
-
-    triton, tl = _triton, _tl
+    import_triton(globals())
     # The kernels are defined here, not at import, and bound as module globals:
     # the interpreter re-executes their source with the module's globals only.
 

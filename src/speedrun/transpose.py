@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from speedrun.kernel_choice import TRITON_FOUND, pick_impl
+from speedrun.kernel_choice import TRITON_FOUND, import_triton, pick_impl
 
 KERNEL_CONFIG = {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8}
 
@@ -35,13 +35,10 @@ _transpose_kernel = None
 
 def _build_kernel():
     """Import Triton and define the kernel (once). Reads TRITON_INTERPRET at this moment."""
-    global triton, tl, _transpose_kernel  # module globals: the interpreter re-executes the source with them
+    global _transpose_kernel  # module globals: the interpreter re-executes the source with them
     if _transpose_kernel is not None:
         return _transpose_kernel
-    import triton as _triton
-    import triton.language as _tl
-
-    triton, tl = _triton, _tl
+    import_triton(globals())
 
     @triton.jit
     def _transpose_kernel(X, Y, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
