@@ -142,8 +142,8 @@ def test_tiny_run_unchanged(tmp_path):
 def test_gpu_graph_sums_train_like_autograd(tmp_path):
     """The tiny run compiled on the GPU in bfloat16 (its embedding tables too), with sums in the graph
     (the default there, with the casts made once a step), with autograd's, with the graph's sums but
-    the casts in every micro-step, and with the FP8 head's weight operands made once a step
-    (train.head_once): the same losses to within the compiled step's run-to-run spread."""
+    the casts in every micro-step, and with the FP8 head's weight operands made in each micro-step's
+    head op (train.head_once=false; the default makes them once a step): the same losses to within the compiled step's run-to-run spread."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     gpu = ["--set", "train.compile=on", "--set", "train.precompile=false", "--set", "train.warmup_steps=2",
@@ -151,14 +151,14 @@ def test_gpu_graph_sums_train_like_autograd(tmp_path):
     assert train(tmp_path / "a", *gpu, "--set", "train.grad_accum=autograd", steps=6) == 0
     assert train(tmp_path / "b", *gpu, steps=6) == 0
     assert train(tmp_path / "c", *gpu, "--set", "train.cast_once=false", steps=6) == 0
-    assert train(tmp_path / "d", *gpu, "--set", "train.head_once=true", steps=6) == 0
+    assert train(tmp_path / "d", *gpu, "--set", "train.head_once=false", steps=6) == 0
     assert_curves_close(tmp_path / "a", tmp_path / "b")
     assert_curves_close(tmp_path / "c", tmp_path / "b")
     assert_curves_close(tmp_path / "d", tmp_path / "b")
     run = json.loads((tmp_path / "b" / "env.json").read_text())["run"]
-    assert run["grad_accum"] == "graph" and run["cast_once"] is True and run["head_once"] is False
+    assert run["grad_accum"] == "graph" and run["cast_once"] is True and run["head_once"] is True
     assert json.loads((tmp_path / "c" / "env.json").read_text())["run"]["cast_once"] is False
-    assert json.loads((tmp_path / "d" / "env.json").read_text())["run"]["head_once"] is True
+    assert json.loads((tmp_path / "d" / "env.json").read_text())["run"]["head_once"] is False
 
 
 class Sliced(Small):
@@ -287,6 +287,18 @@ def test_head_once_without_fp8_changes_nothing(tmp_path):
     """On the CPU the head is not FP8: train.head_once leaves the run as it is and says so."""
     assert train(tmp_path / "a", "--set", "train.head_once=true", steps=2) == 0
     assert json.loads((tmp_path / "a" / "env.json").read_text())["run"]["head_once"] is False
+
+
+def test_compile_key_names_head_once_only_when_on():
+    """head_once is on by default and the compile keys name it, so the keys of earlier runs (their graphs
+    quantise the head's weight in each micro-step) never match the new graphs; off, the earlier keys hold."""
+    from speedrun.compile_cache import graph_config
+    from speedrun.presets import record
+
+    cfg = record()
+    assert cfg.train.head_once is True and graph_config(cfg)["train"]["head_once"] is True
+    cfg.train.head_once = False
+    assert "head_once" not in graph_config(cfg)["train"]
 
 
 def test_casts_once_resume_exactly(tmp_path):

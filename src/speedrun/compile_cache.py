@@ -118,7 +118,8 @@ def graph_config(cfg) -> dict:
         train["grad_accum"] = t["grad_accum"]
     if not t.get("cast_once", True):  # named only when off, as pdl when on
         train["cast_once"] = False
-    if t.get("head_once"):
+    if t.get("head_once"):  # named when on (the default since the twenty-third session): the keys of
+        # earlier runs, whose graphs quantise the head's weight in each micro-step, never match it
         train["head_once"] = True
     return {"model": d["model"], "attention": d["attention"], "train": train}
 

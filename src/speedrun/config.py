@@ -230,8 +230,9 @@ class TrainConfig:
     cast_once: bool = True
     # the FP8 head's weight operands (the e4m3 weight and its transposed copy) made once a step, before
     # the first micro-step, not in each micro-step's head op (GPT.head_operands). The same operands bit
-    # for bit. Speed only; off until measured on a GPU (predicted -0.5 to -0.7 ms/step on one H200).
-    head_once: bool = False
+    # for bit. Speed only: -0.8 ms/step in six A/B rounds and -1.6 in two full runs on one H200
+    # (twenty-third session).
+    head_once: bool = True
     # Inductor's Triton kernels launched with programmatic dependent launch (Hopper+): each kernel starts
     # while the one before finishes, and waits for its results at its first dependent load
     # (`torch._inductor.config.triton.enable_pdl`). Whole-model compile only. Speed only.

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Issue 4, twenty-third session (one H200): train.head_once (the FP8 head's weight operands quantised once a
+# step) on the GPU for the first time, the device-timed Muon figures, a full pair and a profile.
+#   head    keep the carried shards (stage_proxy); the clock log; the GPU tests of head_once (test_head.py,
+#           test_grad_accum.py); optim_bench (muon_*_device_us); three A/B rounds on one cache: the default
+#           against train.head_once=true; log q-head.log [all.done]
+#   full    restore the kept shards; two proxy212 runs of the default on the strict caches [full.done]
+#   prof    a 3-step profile of the default on the strict caches, extra bench arguments from $PROF_ARGS;
+#           ($PROF_NAME names its files, default new); then, when $AB_ROUNDS is set, those rounds of head's
+#           A/B; log q-prof$PROF_NAME.log [all.done]
+#   wait S [D [LOG]]  as session18_queue.sh's
+# Carry [".proxy"] without shard 4 for head, then [".proxy"] with shard 4 alone for full, at once after.
+set -u
+source scripts/device/common.sh
+
+case "${1:-}" in
+  head)
+    check_start
+    ( clocks_log clocks.csv
+      export CUDA_VISIBLE_DEVICES=0
+      gpu_tests head-once 300 tests/test_head.py tests/test_grad_accum.py
+      (cd scripts/device && timeout 150 python3 optim_bench.py "$RES/optim-bench.json" > "$RES/optim-bench.log" 2>&1)
+      echo "$(date +%T) optim bench: $(tail -1 "$RES/optim-bench.log")"
+      bytecode_on
+      ab_rounds strict "1 2 3" default "" headonce "--set train.head_once=true"
+      touch "$RES/all.done" ) > "$RES/q-head.log" 2>&1 ;;
+  prof)
+    rm -f "$RES"/*.done
+    ( export CUDA_VISIBLE_DEVICES=0
+      bytecode_on
+      env $(caches strict) python3 -m speedrun.cli bench --preset proxy212 --steps 3 --repeats 1 --warmup 3 \
+        ${PROF_ARGS:-} --profile "$RES/profile-${PROF_NAME:-new}.txt" --json "$RES/prof-${PROF_NAME:-new}.json" \
+        > "$RES/prof-${PROF_NAME:-new}.log" 2>&1
+      echo "$(date +%T) profile: exit $? | $(grep -E 'ms/step|rror' "$RES/prof-${PROF_NAME:-new}.log" | tr '\n' ' ')"
+      [ -n "${AB_ROUNDS:-}" ] && ab_rounds strict "" default "" headonce "--set train.head_once=true"
+      touch "$RES/all.done" ) > "$RES/q-prof${PROF_NAME:-}.log" 2>&1 ;;
+  full) full_pair ;;
+  wait) follow_and_collect "${2:-560}" "$RES/${3:-all}.done" "$RES/${4:-q.log}"; exit $? ;;
+  *) echo "usage: $0 head | full | prof | wait SECONDS [DONE-NAME [LOG]]" >&2; exit 2 ;;
+esac
