@@ -161,3 +161,13 @@ ab_on() {  # ab_on GPU NAME CACHE [fresh] -- ARGS...: `speedrun bench` (3 x 10 s
     --steps 10 --repeats 3 "$@" --json "$RES/ab-$name.json" > "$RES/ab-$name.log" 2>&1; local rc=$?
   echo "$(date +%T) [gpu$gpu] ab $name: exit $rc | $(grep -E 'ms/step|peak mem|graphs|GPU clock|rror' "$RES/ab-$name.log" | tr '\n' ' ')"
 }
+
+profile_bench() {  # profile_bench NAME [ARGS...]: a 3-step profile (speedrun bench --profile) on GPU 0's
+  # strict caches, extra bench arguments appended; profile-NAME.txt, prof-NAME.{json,log} in $RES
+  local name=$1; shift
+  echo "$(date +%T) profile $name $*"
+  env $(caches strict) python3 -m speedrun.cli bench --preset proxy212 --steps 3 --repeats 1 --warmup 3 \
+    "$@" --profile "$RES/profile-$name.txt" --json "$RES/prof-$name.json" > "$RES/prof-$name.log" 2>&1
+  local rc=$?
+  echo "$(date +%T) profile $name: exit $rc | $(grep -E 'ms/step|rror' "$RES/prof-$name.log" | tr '\n' ' ')"
+}

@@ -34,13 +34,7 @@ case "${1:-}" in
     rm -f "$RES"/*.done
     ( export CUDA_VISIBLE_DEVICES=0
       bytecode_on
-      for arm in graph autograd; do
-        echo "$(date +%T) profile $arm"
-        env $(caches strict) python3 -m speedrun.cli bench --preset proxy212 --steps 3 --repeats 1 --warmup 3 \
-          --set train.grad_accum=$arm --profile "$RES/profile-$arm.txt" --json "$RES/prof-$arm.json" \
-          > "$RES/prof-$arm.log" 2>&1; rc=$?
-        echo "$(date +%T) profile $arm: exit $rc | $(grep -E 'ms/step|rror' "$RES/prof-$arm.log" | tr '\n' ' ')"
-      done
+      for arm in graph autograd; do profile_bench "$arm" --set train.grad_accum=$arm; done
       touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
   pdl)
     ( queue_on_gpu0 pdl

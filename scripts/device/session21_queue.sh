@@ -34,9 +34,7 @@ case "${1:-}" in
     rm -f "$RES"/*.done
     ( export CUDA_VISIBLE_DEVICES=0
       bytecode_on
-      env $(caches strict) python3 -m speedrun.cli bench --preset proxy212 --steps 3 --repeats 1 --warmup 3 \
-        --profile "$RES/profile-new.txt" --json "$RES/prof-new.json" > "$RES/prof-new.log" 2>&1
-      echo "$(date +%T) profile: exit $? | $(grep -E 'ms/step|rror' "$RES/prof-new.log" | tr '\n' ' ')"
+      profile_bench new
       touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
   full) full_pair ;;
   wait) follow_and_collect "${2:-560}" "$RES/${3:-all}.done" "$RES/${4:-q.log}"; exit $? ;;

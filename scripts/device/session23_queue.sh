@@ -12,6 +12,7 @@
 # Carry [".proxy"] without shard 4 for head, then [".proxy"] with shard 4 alone for full, at once after.
 set -u
 source scripts/device/common.sh
+OFF="--set train.head_once=false"  # the A/B's "default" arm: head_once off, the default when this ran
 
 case "${1:-}" in
   head)
@@ -22,17 +23,14 @@ case "${1:-}" in
       (cd scripts/device && timeout 150 python3 optim_bench.py "$RES/optim-bench.json" > "$RES/optim-bench.log" 2>&1)
       echo "$(date +%T) optim bench: $(tail -1 "$RES/optim-bench.log")"
       bytecode_on
-      ab_rounds strict "1 2 3" default "" headonce "--set train.head_once=true"
+      ab_rounds strict "1 2 3" default "$OFF" headonce "--set train.head_once=true"
       touch "$RES/all.done" ) > "$RES/q-head.log" 2>&1 ;;
   prof)
     rm -f "$RES"/*.done
     ( export CUDA_VISIBLE_DEVICES=0
       bytecode_on
-      env $(caches strict) python3 -m speedrun.cli bench --preset proxy212 --steps 3 --repeats 1 --warmup 3 \
-        ${PROF_ARGS:-} --profile "$RES/profile-${PROF_NAME:-new}.txt" --json "$RES/prof-${PROF_NAME:-new}.json" \
-        > "$RES/prof-${PROF_NAME:-new}.log" 2>&1
-      echo "$(date +%T) profile: exit $? | $(grep -E 'ms/step|rror' "$RES/prof-${PROF_NAME:-new}.log" | tr '\n' ' ')"
-      [ -n "${AB_ROUNDS:-}" ] && ab_rounds strict "" default "" headonce "--set train.head_once=true"
+      profile_bench "${PROF_NAME:-new}" ${PROF_ARGS:-}
+      [ -n "${AB_ROUNDS:-}" ] && ab_rounds strict "" default "$OFF" headonce "--set train.head_once=true"
       touch "$RES/all.done" ) > "$RES/q-prof${PROF_NAME:-}.log" 2>&1 ;;
   full) full_pair ;;
   wait) follow_and_collect "${2:-560}" "$RES/${3:-all}.done" "$RES/${4:-q.log}"; exit $? ;;
