@@ -171,3 +171,15 @@ profile_bench() {  # profile_bench NAME [ARGS...]: a 3-step profile (speedrun be
   local rc=$?
   echo "$(date +%T) profile $name: exit $rc | $(grep -E 'ms/step|rror' "$RES/prof-$name.log" | tr '\n' ' ')"
 }
+
+logged() {  # logged LOG FUNCTION: a queue mode's body: no stale done files, then FUNCTION on GPU 0 with its
+  # output in $RES/LOG, then $RES/all.done
+  rm -f "$RES"/*.done
+  ( export CUDA_VISIBLE_DEVICES=0; "$2"; touch "$RES/all.done" ) > "$RES/$1" 2>&1
+}
+
+optim_bench() {  # scripts/device/optim_bench.py (optimiser steps, host- and device-timed), at most 150 s;
+  # optim-bench.{json,log} in $RES, its last line echoed
+  (cd scripts/device && timeout 150 python3 optim_bench.py "$RES/optim-bench.json" > "$RES/optim-bench.log" 2>&1)
+  echo "$(date +%T) optim bench: $(tail -1 "$RES/optim-bench.log")"
+}

@@ -21,8 +21,7 @@ case "${1:-}" in
     check_start
     ( verify_prelude
       gpu_tests new 300 tests/test_optim_kernels.py tests/test_block_order.py tests/test_attn_inputs.py
-      (cd scripts/device && timeout 120 python3 optim_bench.py "$RES/optim-bench.json" > "$RES/optim-bench.log" 2>&1)
-      echo "$(date +%T) optim bench: $(tail -1 "$RES/optim-bench.log")"
+      optim_bench
       bytecode_on
       AB_CACHE=strict ab_shared new1
       AB_CACHE=strict ab_shared old1 $OLD

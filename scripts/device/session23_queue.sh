@@ -13,25 +13,25 @@
 set -u
 source scripts/device/common.sh
 OFF="--set train.head_once=false"  # the A/B's "default" arm: head_once off, the default when this ran
+ON="--set train.head_once=true"
+
+head_queue() {
+  clocks_log clocks.csv
+  gpu_tests head-once 300 tests/test_head.py tests/test_grad_accum.py
+  optim_bench
+  bytecode_on
+  ab_rounds strict "1 2 3" default "$OFF" headonce "$ON"
+}
+
+prof_queue() {
+  bytecode_on
+  profile_bench "${PROF_NAME:-new}" ${PROF_ARGS:-}
+  if [ -n "${AB_ROUNDS:-}" ]; then ab_rounds strict "" default "$OFF" headonce "$ON"; fi
+}
 
 case "${1:-}" in
-  head)
-    check_start
-    ( clocks_log clocks.csv
-      export CUDA_VISIBLE_DEVICES=0
-      gpu_tests head-once 300 tests/test_head.py tests/test_grad_accum.py
-      (cd scripts/device && timeout 150 python3 optim_bench.py "$RES/optim-bench.json" > "$RES/optim-bench.log" 2>&1)
-      echo "$(date +%T) optim bench: $(tail -1 "$RES/optim-bench.log")"
-      bytecode_on
-      ab_rounds strict "1 2 3" default "$OFF" headonce "--set train.head_once=true"
-      touch "$RES/all.done" ) > "$RES/q-head.log" 2>&1 ;;
-  prof)
-    rm -f "$RES"/*.done
-    ( export CUDA_VISIBLE_DEVICES=0
-      bytecode_on
-      profile_bench "${PROF_NAME:-new}" ${PROF_ARGS:-}
-      [ -n "${AB_ROUNDS:-}" ] && ab_rounds strict "" default "$OFF" headonce "--set train.head_once=true"
-      touch "$RES/all.done" ) > "$RES/q-prof${PROF_NAME:-}.log" 2>&1 ;;
+  head) check_start; logged q-head.log head_queue ;;
+  prof) logged "q-prof${PROF_NAME:-}.log" prof_queue ;;
   full) full_pair ;;
   wait) follow_and_collect "${2:-560}" "$RES/${3:-all}.done" "$RES/${4:-q.log}"; exit $? ;;
   *) echo "usage: $0 head | full | prof | wait SECONDS [DONE-NAME [LOG]]" >&2; exit 2 ;;

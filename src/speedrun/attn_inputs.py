@@ -50,7 +50,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from speedrun import bf16_rounding
-from speedrun.kernel_choice import IMPLS, TRITON_FOUND, import_triton, pick_impl  # noqa: F401 (its interface)
+from speedrun.kernel_choice import IMPLS, TRITON_FOUND, built_once, pick_impl  # noqa: F401 (its interface)
 
 KERNEL_DTYPES = (torch.bfloat16, torch.float32)
 
@@ -136,21 +136,18 @@ def attention_inputs(qkv: Tensor, ve: Tensor | None, lambdas: Tensor, cos: Tenso
 
 # --------------------------------------------------------------------------- Triton kernels
 
-triton = None  # set by _build_kernel on first use
-tl = None
-_KERNELS = None
+triton = tl = None  # set by built_once on first use
 _INTERPRETED = False  # set by _build_kernel: TRITON_INTERPRET=1 when the kernels were defined
 _rne_bf16 = _cast = _rows = _halves_at = _store_halves = _norm_rotate = _unrotate_norm_grad = None
 _fwd_kernel = _bwd_kernel = None
 
 
-def _build_kernel():
-    """Import Triton and define the kernels (once). Reads TRITON_INTERPRET at this moment."""
-    global _KERNELS, _INTERPRETED, _rne_bf16, _cast, _rows, _halves_at, _store_halves  # module
+@built_once
+def _build_kernel(interpreted: bool):
+    """Define the kernels (once, `built_once`); interpreted: TRITON_INTERPRET=1 now."""
+    global _INTERPRETED, _rne_bf16, _cast, _rows, _halves_at, _store_halves  # module
     global _norm_rotate, _unrotate_norm_grad, _fwd_kernel, _bwd_kernel  # globals: the interpreter re-runs them
-    if _KERNELS is not None:
-        return _KERNELS
-    _INTERPRETED = import_triton(globals())
+    _INTERPRETED = interpreted
 
     _rne_bf16 = bf16_rounding.build()  # called from the kernels below through this module's globals
 
@@ -268,8 +265,7 @@ def _build_kernel():
             tl.store(PART + 2 * blk + 1, p1)
         _store_halves(DQKV, src, cols, ok, d1, d2, D2, EMULATE_RNE)
 
-    _KERNELS = (_fwd_kernel, _bwd_kernel)
-    return _KERNELS
+    return _fwd_kernel, _bwd_kernel
 
 
 def _check(qkv: Tensor, ve: Tensor | None, lambdas: Tensor, cos: Tensor, sin: Tensor, num_heads: int) -> int:

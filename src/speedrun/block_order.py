@@ -28,19 +28,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from speedrun.kernel_choice import IMPLS, TRITON_FOUND, import_triton, pick_impl  # noqa: F401 (its interface)
+from speedrun.kernel_choice import IMPLS, TRITON_FOUND, built_once, pick_impl  # noqa: F401 (its interface)
 
-triton = None  # set by _build_kernel on first use
-tl = None
+triton = tl = None  # set by built_once on first use
 _order_kernel = None
 
 
-def _build_kernel():
-    """Import Triton and define the kernel (once). Reads TRITON_INTERPRET at this moment."""
+@built_once
+def _build_kernel(interpreted: bool):
+    """Define the kernel (once, `built_once`); interpreted: TRITON_INTERPRET=1 now."""
     global _order_kernel  # module globals: the interpreter re-executes the source with them
-    if _order_kernel is not None:
-        return _order_kernel
-    import_triton(globals())
 
     @triton.jit
     def _order_kernel(M, COUNT, IDX, N, stride_r, stride_c, BLOCK: tl.constexpr, HIGHEST_FIRST: tl.constexpr):

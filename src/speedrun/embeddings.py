@@ -53,7 +53,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from speedrun.kernel_choice import TRITON_FOUND, import_triton, pick_impl
+from speedrun.kernel_choice import TRITON_FOUND, built_once, pick_impl
 
 KERNEL_DTYPES = (torch.bfloat16, torch.float32)
 # Sorted positions a program sums (the side of M), columns a program takes, warps. Swept on an H200 at the
@@ -162,20 +162,17 @@ def _(tokens, grads, num_rows):
 
 MAX_TABLES = 4  # tables one launch takes (pointer arguments); more go in further launches
 
-triton = None  # set by _build_kernel on first use
-tl = None
-_KERNELS = None
+triton = tl = None  # set by built_once on first use
 _INTERPRETED = False  # TRITON_INTERPRET=1 when the kernels were defined
 _cast = _row = _pick = _chunk_sums = _chunk_kernel = _chain_kernel = None
 
 
-def _build_kernel():
-    """Import Triton and define the kernels (once). Reads TRITON_INTERPRET at this moment."""
-    global _KERNELS, _INTERPRETED, _cast, _row, _pick, _chunk_sums, _chunk_kernel  # module
+@built_once
+def _build_kernel(interpreted: bool):
+    """Define the kernels (once, `built_once`); interpreted: TRITON_INTERPRET=1 now."""
+    global _INTERPRETED, _cast, _row, _pick, _chunk_sums, _chunk_kernel  # module
     global _chain_kernel  # globals: the interpreter re-runs them
-    if _KERNELS is not None:
-        return _KERNELS
-    _INTERPRETED = import_triton(globals())
+    _INTERPRETED = interpreted
 
     @triton.jit
     def _cast(x, P, EMULATE_RNE: tl.constexpr):
@@ -279,8 +276,7 @@ def _build_kernel():
                 out = _pick(e, O0, O1, O2, O3)
                 tl.store(out + _row(tok, KEY16) * D + cols, _cast(acc, out, EMULATE_RNE), mask=col_ok)
 
-    _KERNELS = (_chunk_kernel, _chain_kernel)
-    return _KERNELS
+    return _chunk_kernel, _chain_kernel
 
 
 def launch(keys: Tensor, order: Tensor, grads: list[Tensor], outs: list[Tensor],

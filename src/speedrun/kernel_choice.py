@@ -1,6 +1,6 @@
 """Choosing between a fused Triton kernel and its PyTorch reference.
 
-Each fused-kernel module (`softcap_ce`, `attn_inputs`, `transpose`, `embeddings`) offers the same three
+Each fused-kernel module (`softcap_ce`, `attn_inputs`, `transpose`, `embeddings`, ...) offers the same three
 implementations: "torch" (the reference the tests hold the kernel to),
 "triton" (the kernel: CUDA, or a CPU under TRITON_INTERPRET=1) and "auto"
 (the kernel for CUDA tensors when Triton is installed, the reference
@@ -12,6 +12,7 @@ interpreter (the CPU tests do this in a subprocess).
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 
@@ -42,3 +43,18 @@ def import_triton(module_globals: dict) -> bool:
 
     module_globals["triton"], module_globals["tl"] = triton, tl
     return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def built_once(build):
+    """A kernel module's builder, run on first use only: Triton imported into the module's globals first
+    (`import_triton`), then `build(interpreted)` called, and its result kept and returned from then on.
+    The builder binds its kernels as module globals (`global` names), as Triton's interpreter needs."""
+    built = []
+
+    @functools.wraps(build)
+    def build_kernels():
+        if not built:
+            built.append(build(import_triton(build.__globals__)))
+        return built[0]
+
+    return build_kernels

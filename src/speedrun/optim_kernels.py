@@ -36,26 +36,23 @@ import torch
 from torch import Tensor
 
 from speedrun import bf16_rounding
-from speedrun.kernel_choice import IMPLS, TRITON_FOUND, import_triton, pick_impl  # noqa: F401 (its interface)
+from speedrun.kernel_choice import IMPLS, TRITON_FOUND, built_once, pick_impl  # noqa: F401 (its interface)
 
 BLOCK = 2048  # elements per program: 8 per thread at 8 warps
 NUM_WARPS = 8
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 
-triton = None  # set by _build_kernels on first use
-tl = None
+triton = tl = None  # set by built_once on first use
 _INTERPRETED = False
-_KERNELS = None
 _rne_bf16 = _rounded = _lerp = _adam_kernel = _momentum_kernel = None
 
 
-def _build_kernels():
-    """Import Triton and define the kernels (once). Reads TRITON_INTERPRET at this moment."""
-    global _INTERPRETED, _KERNELS, _rne_bf16, _rounded, _lerp  # module globals: the
+@built_once
+def _build_kernels(interpreted: bool):
+    """Define the kernels (once, `built_once`); interpreted: TRITON_INTERPRET=1 now."""
+    global _INTERPRETED, _rne_bf16, _rounded, _lerp  # module globals: the
     global _adam_kernel, _momentum_kernel  # interpreter re-executes the source with them
-    if _KERNELS is not None:
-        return _KERNELS
-    _INTERPRETED = import_triton(globals())
+    _INTERPRETED = interpreted
 
     _rne_bf16 = bf16_rounding.build()  # called from the kernels below through this module's globals
 
@@ -114,8 +111,7 @@ def _build_kernels():
         tl.store(B + offs, b, mask=ok)
         tl.store(U + offs, u.to(tl.bfloat16), mask=ok)
 
-    _KERNELS = (_adam_kernel, _momentum_kernel)
-    return _KERNELS
+    return _adam_kernel, _momentum_kernel
 
 
 # --------------------------------------------------------------------------- Adam

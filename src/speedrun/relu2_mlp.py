@@ -57,7 +57,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from speedrun.kernel_choice import TRITON_FOUND, import_triton, pick_impl
+from speedrun.kernel_choice import TRITON_FOUND, built_once, pick_impl
 
 # The launch, per direction; `options` ("KEY=VALUE,fwd.KEY=VALUE,bwd.KEY=VALUE") overrides it.
 # Chosen on an H200 at the record's shapes (scripts/device/relu2_bench.py, 53 launches; docs/benchmarks.md,
@@ -203,18 +203,15 @@ def _(g_y, x, fc_w, proj_w, h, a, options):
 
 # --------------------------------------------------------------------------- Triton kernel
 
-triton = None  # set by _build_kernel on first use
-tl = None
-_KERNEL = None
+triton = tl = None  # set by built_once on first use
 _tile_coords = _epilogue = _halves = _relu2_mm_kernel = None
 
 
-def _build_kernel():
-    """Import Triton and define the kernel (once). Reads TRITON_INTERPRET at this moment."""
-    global _KERNEL, _tile_coords, _epilogue, _halves, _relu2_mm_kernel  # module globals: the interpreter
-    if _KERNEL is not None:  # re-executes the source with them
-        return _KERNEL
-    import_triton(globals())
+@built_once
+def _build_kernel(interpreted: bool):
+    """Define the kernel (once, `built_once`); interpreted: TRITON_INTERPRET=1 now."""
+    global _tile_coords, _epilogue, _halves, _relu2_mm_kernel  # module globals: the interpreter
+    # re-executes the source with them
 
     @triton.jit
     def _tile_coords(tile, num_m, num_n, GROUP_M: tl.constexpr):
@@ -300,8 +297,7 @@ def _build_kernel():
                     _epilogue(q3, h_desc, h_ptr, out_desc, off_m, off_n + 3 * (BLOCK_N // 4), M, N, EPILOGUE,
                               H_PTR)
 
-    _KERNEL = _relu2_mm_kernel
-    return _KERNEL
+    return _relu2_mm_kernel
 
 
 def _programs(device: torch.device, tiles: int, persistent: bool) -> int:

@@ -61,7 +61,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from speedrun.kernel_choice import IMPLS, TRITON_FOUND, import_triton, pick_impl  # noqa: F401 (its interface)
+from speedrun.kernel_choice import IMPLS, TRITON_FOUND, built_once, pick_impl  # noqa: F401 (its interface)
 from speedrun import transpose
 
 FORMS = ("sigmoid", "tanh", "none")
@@ -152,9 +152,7 @@ def softcap_cross_entropy(z: Tensor, targets: Tensor, cap: float, form: str, imp
 
 # --------------------------------------------------------------------------- Triton kernel
 
-triton = None  # set by _build_kernel on first use
-tl = None
-_KERNEL = None
+triton = tl = None  # set by built_once on first use
 _softcap_jit = _softcap_ce_kernel = None
 _rcp = _exp2_poly = _exp2 = _sigmoid_pair = _row_sum_pass = _row_loss = _softcap_ce_lean_kernel = None
 _ce_rows_kernel = _ce_grad_tile_kernel = _grad_rows = _e5m2_word = _grad_store_rows = None
@@ -162,14 +160,10 @@ _P1 = _P2 = _P3 = _P4 = _P5 = None  # EXP2_POLY as Triton constexprs, set with t
 _FORM_CODE = {"none": 0, "sigmoid": 1, "tanh": 2}
 
 
-def _build_kernel():
-    """Import Triton and define the kernel (once). Reads TRITON_INTERPRET at this moment."""
-    global _KERNEL, _softcap_jit, _softcap_ce_kernel  # defs below bind module globals:
-    if _KERNEL is not None:
-        return _KERNEL
-    import_triton(globals())
-    # The kernels are defined here, not at import, and bound as module globals:
-    # the interpreter re-executes their source with the module's globals only.
+@built_once
+def _build_kernel(interpreted: bool):
+    """Define the kernels (once, `built_once`); interpreted: TRITON_INTERPRET=1 now."""
+    global _softcap_jit, _softcap_ce_kernel  # module globals: the interpreter re-executes the source with them
 
     @triton.jit
     def _softcap_jit(zf, cap2, inv_scale, ds_scale, FORM: tl.constexpr, MATH: tl.constexpr):
@@ -255,8 +249,7 @@ def _build_kernel():
                 tl.store(g_row + idx, (g * grad_mul).to(GRAD.dtype.element_ty), mask=ok)
 
     _define_lean_kernel()
-    _KERNEL = _softcap_ce_kernel
-    return _KERNEL
+    return _softcap_ce_kernel
 
 
 # 2^f on [-1/2, 1/2], degree 5 (f^1..f^5; f^0 is 1): relative error 9.1e-8 in exact arithmetic, 1.9e-7

@@ -24,21 +24,18 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from speedrun.kernel_choice import TRITON_FOUND, import_triton, pick_impl
+from speedrun.kernel_choice import TRITON_FOUND, built_once, pick_impl
 
 KERNEL_CONFIG = {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8}
 
-triton = None  # set by _build_kernel on first use
-tl = None
+triton = tl = None  # set by built_once on first use
 _transpose_kernel = None
 
 
-def _build_kernel():
-    """Import Triton and define the kernel (once). Reads TRITON_INTERPRET at this moment."""
+@built_once
+def _build_kernel(interpreted: bool):
+    """Define the kernel (once, `built_once`); interpreted: TRITON_INTERPRET=1 now."""
     global _transpose_kernel  # module globals: the interpreter re-executes the source with them
-    if _transpose_kernel is not None:
-        return _transpose_kernel
-    import_triton(globals())
 
     @triton.jit
     def _transpose_kernel(X, Y, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
