@@ -183,3 +183,14 @@ optim_bench() {  # scripts/device/optim_bench.py (optimiser steps, host- and dev
   (cd scripts/device && timeout 150 python3 optim_bench.py "$RES/optim-bench.json" > "$RES/optim-bench.log" 2>&1)
   echo "$(date +%T) optim bench: $(tail -1 "$RES/optim-bench.log")"
 }
+
+suite_per_file() {  # the whole GPU suite on the current GPUs, one pytest per file with GPU tests, each at most
+  # ${1:-170} s, logs $RES/gpu-test_*.log; one line per file
+  local f name rc
+  for f in $(grep -l "mark.gpu" tests/test_*.py); do
+    name=$(basename "$f" .py)
+    env -u PYTHONPYCACHEPREFIX timeout "${1:-170}" python3 -m pytest -m gpu -q -p no:cacheprovider "$f" \
+      > "$RES/gpu-$name.log" 2>&1; rc=$?
+    echo "$(date +%T) $f: exit $rc | $(tail -1 "$RES/gpu-$name.log")"
+  done
+}

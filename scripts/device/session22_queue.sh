@@ -25,15 +25,7 @@ case "${1:-}" in
       bytecode_on
       ab_rounds strict "1 2 3" new "" old "$OLD"
       touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
-  suite)
-    rm -f "$RES"/*.done
-    ( export CUDA_VISIBLE_DEVICES=0
-      for f in $(grep -l "mark.gpu" tests/test_*.py); do
-        env -u PYTHONPYCACHEPREFIX timeout 170 python3 -m pytest -m gpu -q -p no:cacheprovider "$f" \
-          > "$RES/gpu-$(basename "$f" .py).log" 2>&1; rc=$?
-        echo "$(date +%T) $f: exit $rc | $(tail -1 "$RES/gpu-$(basename "$f" .py).log")"
-      done
-      touch "$RES/all.done" ) > "$RES/q-suite.log" 2>&1 ;;
+  suite) logged q-suite.log suite_per_file ;;
   head)
     queue_start
     ( export CUDA_VISIBLE_DEVICES=0
