@@ -53,6 +53,31 @@ def test_world_size_the_preset_cannot_divide():
         validate(get_preset("record"), world_size=3)
 
 
+CHOICES = [  # every option with a fixed set of values, and that set as validate() spells it
+    ("model.activation", "relu2 or gelu"), ("model.positions", "rotary or learned"),
+    ("model.rotary", "half_truncated or full"), ("model.norm", "rms or layer"),
+    ("model.softcap_form", "sigmoid or tanh"), ("model.ce_kernel", "torch, triton or auto"),
+    ("model.ce_math", "precise, tanh_approx or lean"), ("model.head_kernel", "cublas, gluon or auto"),
+    ("model.head_rowsums", "epilogue, split or consumers"), ("model.qk_kernel", "torch, triton or auto"),
+    ("model.mlp_kernel", "torch, triton or auto"), ("model.embed_kernel", "torch, triton or auto"),
+    ("model.gate_kernel", "linear or inline"), ("train.dtype", "auto, bfloat16 or float32"),
+    ("attention.window", "none, fixed or growing"), ("attention.backend", "auto, flex or dense"),
+    ("attention.order_kernel", "torch, triton or auto"), ("optim.kind", "muon or adamw"),
+    ("optim.kernel", "torch, triton or auto"), ("train.compile", "auto, on, regional or off"),
+    ("train.grad_accum", "auto, graph or autograd"), ("train.on_fault", "stop or recover"),
+]
+
+
+@pytest.mark.parametrize("option, allowed", CHOICES)
+def test_every_choice_refuses_a_value_outside_it(option, allowed):
+    cfg = get_preset("record")
+    section, field = option.split(".")
+    setattr(getattr(cfg, section), field, "bogus")
+    with pytest.raises(ConfigError) as err:
+        validate(cfg)
+    assert str(err.value) == f"{option}: must be {allowed}, got 'bogus'"
+
+
 def test_finished_run_is_not_overwritten(tmp_path, capsys):
     run = tmp_path / "run"
     run.mkdir()

@@ -420,10 +420,67 @@ def mlp_options_ok(text: str) -> bool:
     return parses(parse_options, text)
 
 
-def validate(cfg: RunConfig, world_size: int = 1) -> None:
-    """Refuse values that cannot run, each with one line naming the field."""
-    m, a, t = cfg.model, cfg.attention, cfg.train
-    checks = [
+Check = tuple[bool, str, str]  # (holds, option name, what is wrong)
+
+
+def _one_of(value: str, name: str, options: tuple[str, ...]) -> Check:
+    """A check that `value` is one of `options` ("must be a, b or c, got 'x'")."""
+    listed = ", ".join(options[:-1]) + " or " + options[-1]
+    return value in options, name, f"must be {listed}, got {value!r}"
+
+
+KERNEL_CHOICES = ("torch", "triton", "auto")
+
+
+def _model_checks(m: ModelConfig) -> list[Check]:
+    return [
+        (m.num_heads * m.head_dim > 0, "model.num_heads", "heads and head_dim must be > 0"),
+        (m.head_dim % 4 == 0, "model.head_dim", f"must be a multiple of 4, got {m.head_dim}"),
+        (m.num_layers >= 1, "model.num_layers", f"must be >= 1, got {m.num_layers}"),
+        _one_of(m.activation, "model.activation", ("relu2", "gelu")),
+        _one_of(m.positions, "model.positions", ("rotary", "learned")),
+        _one_of(m.rotary, "model.rotary", ("half_truncated", "full")),
+        _one_of(m.norm, "model.norm", ("rms", "layer")),
+        _one_of(m.softcap_form, "model.softcap_form", ("sigmoid", "tanh")),
+        _one_of(m.ce_kernel, "model.ce_kernel", KERNEL_CHOICES),
+        _one_of(m.ce_math, "model.ce_math", ("precise", "tanh_approx", "lean")),
+        _one_of(m.head_kernel, "model.head_kernel", ("cublas", "gluon", "auto")),
+        _one_of(m.head_rowsums, "model.head_rowsums", ("epilogue", "split", "consumers")),
+        _one_of(m.qk_kernel, "model.qk_kernel", KERNEL_CHOICES),
+        _one_of(m.mlp_kernel, "model.mlp_kernel", KERNEL_CHOICES),
+        _one_of(m.embed_kernel, "model.embed_kernel", KERNEL_CHOICES),
+        _one_of(m.gate_kernel, "model.gate_kernel", ("linear", "inline")),
+        (mlp_options_ok(m.mlp_options), "model.mlp_options",
+         f"want KEY=INT items (KEY one of the kernel's launch keys, optionally fwd. or bwd.), got {m.mlp_options!r}"),
+        (2 * m.value_embeds <= m.num_layers, "model.value_embeds",
+         f"needs 2*value_embeds <= num_layers, got {m.value_embeds} for {m.num_layers} layers"),
+        (m.gate_inputs <= m.model_dim, "model.gate_inputs", "must be <= model_dim"),
+        (m.num_heads * m.head_dim == m.model_dim, "model.head_dim",
+         f"num_heads x head_dim must equal model_dim, got {m.num_heads} x {m.head_dim} != {m.model_dim}"),
+    ]
+
+
+def _attention_checks(a: AttentionConfig, t: TrainConfig) -> list[Check]:
+    tiles = a.sparse_block or a.block_size
+    return [
+        (not a.segment_len or t.seq_len % a.segment_len == 0, "attention.segment_len",
+         f"train.seq_len={t.seq_len} must be a multiple of it"),
+        _one_of(a.window, "attention.window", ("none", "fixed", "growing")),
+        _one_of(a.backend, "attention.backend", ("auto", "flex", "dense")),
+        _one_of(a.order_kernel, "attention.order_kernel", KERNEL_CHOICES),
+        (flex_options_ok(a.flex_options), "attention.flex_options",
+         f"must be KEY=VALUE pairs separated by commas (integers or true/false), got {a.flex_options!r}"),
+        (a.sparse_block == 0 or (a.sparse_block >= 16 and a.block_size % a.sparse_block == 0
+                                 and not a.sparse_block & (a.sparse_block - 1)), "attention.sparse_block",
+         f"must be 0 or a power of two >= 16 dividing attention.block_size={a.block_size}, got {a.sparse_block}"),
+        (not flex_options_ok(a.flex_options) or tiles_fit(a.flex_options, tiles),
+         "attention.flex_options", f"its *_BLOCK_* tiles must divide the mask's block "
+         f"(attention.sparse_block or block_size: {tiles}), got {a.flex_options!r}"),
+    ]
+
+
+def _shape_checks(t: TrainConfig, a: AttentionConfig) -> list[Check]:
+    return [
         (t.steps > 0, "train.steps", f"must be > 0, got {t.steps}"),
         (t.seq_len > 0 and t.seq_len % a.block_size == 0, "train.seq_len",
          f"must be a positive multiple of attention.block_size={a.block_size}, got {t.seq_len}"),
@@ -434,76 +491,45 @@ def validate(cfg: RunConfig, world_size: int = 1) -> None:
         (t.val_tokens >= 0, "train.val_tokens", f"must be >= 0, got {t.val_tokens}"),
         (t.warmup_steps >= 0, "train.warmup_steps", f"must be >= 0, got {t.warmup_steps}"),
         (t.warmup_steps_warm >= 1, "train.warmup_steps_warm", f"must be >= 1, got {t.warmup_steps_warm}"),
-        (m.num_heads * m.head_dim > 0, "model.num_heads", "heads and head_dim must be > 0"),
-        (m.head_dim % 4 == 0, "model.head_dim", f"must be a multiple of 4, got {m.head_dim}"),
-        (m.num_layers >= 1, "model.num_layers", f"must be >= 1, got {m.num_layers}"),
-        (m.activation in ("relu2", "gelu"), "model.activation", f"must be relu2 or gelu, got {m.activation!r}"),
-        (m.positions in ("rotary", "learned"), "model.positions", f"must be rotary or learned, got {m.positions!r}"),
-        (m.rotary in ("half_truncated", "full"), "model.rotary", f"must be half_truncated or full, got {m.rotary!r}"),
-        (m.norm in ("rms", "layer"), "model.norm", f"must be rms or layer, got {m.norm!r}"),
-        (m.softcap_form in ("sigmoid", "tanh"), "model.softcap_form", f"must be sigmoid or tanh, got {m.softcap_form!r}"),
-        (m.ce_kernel in ("torch", "triton", "auto"), "model.ce_kernel",
-         f"must be torch, triton or auto, got {m.ce_kernel!r}"),
-        (m.ce_math in ("precise", "tanh_approx", "lean"), "model.ce_math",
-         f"must be precise, tanh_approx or lean, got {m.ce_math!r}"),
-        (m.head_kernel in ("cublas", "gluon", "auto"), "model.head_kernel",
-         f"must be cublas, gluon or auto, got {m.head_kernel!r}"),
-        (m.head_rowsums in ("epilogue", "split", "consumers"), "model.head_rowsums",
-         f"must be epilogue, split or consumers, got {m.head_rowsums!r}"),
-        (m.qk_kernel in ("torch", "triton", "auto"), "model.qk_kernel",
-         f"must be torch, triton or auto, got {m.qk_kernel!r}"),
-        (m.mlp_kernel in ("torch", "triton", "auto"), "model.mlp_kernel",
-         f"must be torch, triton or auto, got {m.mlp_kernel!r}"),
-        (m.embed_kernel in ("torch", "triton", "auto"), "model.embed_kernel",
-         f"must be torch, triton or auto, got {m.embed_kernel!r}"),
-        (m.gate_kernel in ("linear", "inline"), "model.gate_kernel",
-         f"must be linear or inline, got {m.gate_kernel!r}"),
-        (mlp_options_ok(m.mlp_options), "model.mlp_options",
-         f"want KEY=INT items (KEY one of the kernel's launch keys, optionally fwd. or bwd.), got {m.mlp_options!r}"),
-        (2 * m.value_embeds <= m.num_layers, "model.value_embeds",
-         f"needs 2*value_embeds <= num_layers, got {m.value_embeds} for {m.num_layers} layers"),
-        (m.gate_inputs <= m.model_dim, "model.gate_inputs", "must be <= model_dim"),
-        (m.num_heads * m.head_dim == m.model_dim, "model.head_dim",
-         f"num_heads x head_dim must equal model_dim, got {m.num_heads} x {m.head_dim} != {m.model_dim}"),
-        (t.dtype in ("auto", "bfloat16", "float32"), "train.dtype", f"must be auto, bfloat16 or float32, got {t.dtype!r}"),
-        (not a.segment_len or t.seq_len % a.segment_len == 0, "attention.segment_len",
-         f"train.seq_len={t.seq_len} must be a multiple of it"),
-        (a.window in ("none", "fixed", "growing"), "attention.window", f"must be none, fixed or growing, got {a.window!r}"),
-        (a.backend in ("auto", "flex", "dense"), "attention.backend", f"must be auto, flex or dense, got {a.backend!r}"),
-        (a.order_kernel in ("torch", "triton", "auto"), "attention.order_kernel",
-         f"must be torch, triton or auto, got {a.order_kernel!r}"),
-        (flex_options_ok(a.flex_options), "attention.flex_options",
-         f"must be KEY=VALUE pairs separated by commas (integers or true/false), got {a.flex_options!r}"),
-        (a.sparse_block == 0 or (a.sparse_block >= 16 and a.block_size % a.sparse_block == 0
-                                 and not a.sparse_block & (a.sparse_block - 1)), "attention.sparse_block",
-         f"must be 0 or a power of two >= 16 dividing attention.block_size={a.block_size}, got {a.sparse_block}"),
-        (not flex_options_ok(a.flex_options) or tiles_fit(a.flex_options, a.sparse_block or a.block_size),
-         "attention.flex_options", f"its *_BLOCK_* tiles must divide the mask's block "
-         f"(attention.sparse_block or block_size: {a.sparse_block or a.block_size}), got {a.flex_options!r}"),
-        (cfg.optim.kind in ("muon", "adamw"), "optim.kind", f"must be muon or adamw, got {cfg.optim.kind!r}"),
-        (cfg.optim.kernel in ("torch", "triton", "auto"), "optim.kernel",
-         f"must be torch, triton or auto, got {cfg.optim.kernel!r}"),
-        (t.compile in ("auto", "on", "regional", "off"), "train.compile",
-         f"must be auto, on, regional or off, got {t.compile!r}"),
-        (not (t.cudagraphs and t.compile == "regional"), "train.cudagraphs",
-         "needs the whole-model compile (train.compile auto or on), got train.compile=regional"),
-        (t.grad_accum in ("auto", "graph", "autograd"), "train.grad_accum",
-         f"must be auto, graph or autograd, got {t.grad_accum!r}"),
+        _one_of(t.dtype, "train.dtype", ("auto", "bfloat16", "float32")),
+    ]
+
+
+def _compile_checks(t: TrainConfig) -> list[Check]:
+    whole = "needs the whole-model compile (train.compile auto or on), got train.compile=regional"
+    return [
+        _one_of(t.compile, "train.compile", ("auto", "on", "regional", "off")),
+        (not (t.cudagraphs and t.compile == "regional"), "train.cudagraphs", whole),
+        _one_of(t.grad_accum, "train.grad_accum", ("auto", "graph", "autograd")),
         (not (t.grad_accum == "graph" and (t.cudagraphs or t.compile == "regional")), "train.grad_accum",
          "graph needs the whole-model compile without CUDA graphs (or no compile), got "
          f"train.compile={t.compile}, train.cudagraphs={t.cudagraphs}"),
-        (not (t.pdl and t.compile == "regional"), "train.pdl",
-         "needs the whole-model compile (train.compile auto or on), got train.compile=regional"),
-        (0 <= cfg.schedule.cooldown_frac <= 1, "schedule.cooldown_frac", "must be in [0, 1]"),
-        (0 <= cfg.schedule.warmup_frac <= 1, "schedule.warmup_frac", "must be in [0, 1]"),
+        (not (t.pdl and t.compile == "regional"), "train.pdl", whole),
+    ]
+
+
+def _run_checks(cfg: RunConfig) -> list[Check]:
+    t, sched = cfg.train, cfg.schedule
+    return [
+        _one_of(cfg.optim.kind, "optim.kind", ("muon", "adamw")),
+        _one_of(cfg.optim.kernel, "optim.kernel", KERNEL_CHOICES),
+        (0 <= sched.cooldown_frac <= 1, "schedule.cooldown_frac", "must be in [0, 1]"),
+        (0 <= sched.warmup_frac <= 1, "schedule.warmup_frac", "must be in [0, 1]"),
         (t.checkpoint_every_steps >= 0, "train.checkpoint_every_steps", f"must be >= 0, got {t.checkpoint_every_steps}"),
         (t.checkpoint_every_minutes >= 0, "train.checkpoint_every_minutes", "must be >= 0"),
         (t.health_every >= 0, "train.health_every", f"must be >= 0, got {t.health_every}"),
         (t.spike_factor == 0 or t.spike_factor > 1, "train.spike_factor", f"must be 0 (off) or > 1, got {t.spike_factor}"),
-        (t.on_fault in ("stop", "recover"), "train.on_fault", f"must be stop or recover, got {t.on_fault!r}"),
+        _one_of(t.on_fault, "train.on_fault", ("stop", "recover")),
         (t.max_recoveries >= 0, "train.max_recoveries", f"must be >= 0, got {t.max_recoveries}"),
         (0 < t.recover_lr_factor <= 1, "train.recover_lr_factor", f"must be in (0, 1], got {t.recover_lr_factor}"),
     ]
+
+
+def validate(cfg: RunConfig, world_size: int = 1) -> None:
+    """Refuse values that cannot run, each with one line naming the field."""
+    m, a, t = cfg.model, cfg.attention, cfg.train
+    checks = (_shape_checks(t, a) + _model_checks(m) + _attention_checks(a, t) + _compile_checks(t)
+              + _run_checks(cfg))
     if m.positions == "learned":
         span = a.segment_len or max(t.seq_len, t.val_seq_len)  # positions restart at each segment
         checks.append((span <= m.max_positions, "model.max_positions",
