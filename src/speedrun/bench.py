@@ -749,49 +749,62 @@ def run_bench(args) -> dict:
         groups, loss = session.time_groups(args.steps, args.repeats, args.progress)
         clocks = sampler.stop() if sampler else None
         recompiled = compiled_graphs() - graphs0
-        peak = torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None
-        reserved = torch.cuda.max_memory_reserved(dev) if dev.type == "cuda" else None
-        last_loss = float(loss) if loss is not None else None
-        syncs = session.count_syncs(args.progress) if args.sync_check else None
-        comm = comm_report(session, args, groups) if args.comm else None
-        prof = profile_steps(session, profile_n, args.progress, Path(args.profile)) if args.profile else None
-        peak_mm = measure_matmul_peak(dev, args.peak_size)
-        tr, W = session.trainer, session.info.world_size
-        windows = session.timed_windows(args.steps, args.progress)
-        fpt_timed = statistics.mean(flops_per_token(cfg, w) for w in windows) if windows else flops_per_token(cfg)
-        sp = spread(groups)
-        ms = sp["median"]
-        tps = tr.tokens_per_step / (ms / 1000) if ms else None
-        achieved = tps * fpt_timed if tps else None
-        per_dev = achieved / W if achieved else None
-        d = tr.describe()
-        result = {
-            "preset": cfg.name, "device": (torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"),
-            "world_size": W, "micro_steps": tr.micro_steps, "compile": cfg.train.compile if tr.compiled else "off",
-            "attention_backend": d["attention_backend"], "fp8_head": d["fp8_head"], "dtype": d["dtype"],
-            "cuda_graphs": d["cuda_graphs"], "grad_accum": d["grad_accum"], "cast_once": d["cast_once"],
-            "head_once": d["head_once"],
-            "parameters": d["parameters"], "data": args.data, "overrides": list(args.overrides),
-            "warmup": args.warmup, "steps": args.steps, "repeats": args.repeats,
-            "progress": "spread" if args.progress is None else args.progress,
-            "ms_per_step": ms, "ms_per_step_groups": groups, "ms_per_step_spread": sp,
-            "tokens_per_step": tr.tokens_per_step, "tokens_per_s": tps,
-            "matmul_weights": matmul_weights(cfg), "flops_per_token": flops_per_token(cfg),
-            "flops_per_token_timed": fpt_timed, "flops_per_token_run_mean": run_mean_flops_per_token(cfg),
-            "timed_windows": sorted(set(windows)),
-            "achieved_flops_per_s": achieved, "achieved_flops_per_s_per_device": per_dev,
-            "matmul_peak": peak_mm, "fraction_of_peak": per_dev / peak_mm["flops_per_s"] if per_dev else None,
-            "peak_memory_bytes": peak, "peak_reserved_bytes": reserved,
+        cuda = dev.type == "cuda"
+        measured = {
+            "peak_memory_bytes": torch.cuda.max_memory_allocated(dev) if cuda else None,
+            "peak_reserved_bytes": torch.cuda.max_memory_reserved(dev) if cuda else None,
+            "last_loss": float(loss) if loss is not None else None,
+            "host_syncs": session.count_syncs(args.progress) if args.sync_check else None,
+            "comm": comm_report(session, args, groups) if args.comm else None,
+            "profile": profile_steps(session, profile_n, args.progress, Path(args.profile)) if args.profile else None,
             "setup_s": session.setup_s, "first_step_s": first_s, "warmup_s": warm_s,
-            "graphs_compiled_in_timed_steps": recompiled,
-            "cold_start_phases_s": tr.startup.as_dict(),
-            "compile_cache": getattr(tr, "compile_cache", None), "last_loss": last_loss,
-            "host_syncs": syncs, "comm": comm, "profile": prof, "env": _env_summary(environment()),
-            "gpu_clocks": clocks,
+            "graphs_compiled_in_timed_steps": recompiled, "gpu_clocks": clocks,
         }
-        return result
+        rates = _rates(session, cfg, args, groups, measure_matmul_peak(dev, args.peak_size))
+        return _result(session, cfg, args, rates, measured, _env_summary(environment()))
     finally:
         session.close()
+
+
+def _rates(session: Session, cfg: RunConfig, args, groups: list[float], peak_mm: dict) -> dict:
+    """The step's median and spread, tokens/s, FLOP/s (over the timed steps' windows) and the fraction
+    of the measured matrix-product peak."""
+    tr, W = session.trainer, session.info.world_size
+    windows = session.timed_windows(args.steps, args.progress)
+    fpt_timed = statistics.mean(flops_per_token(cfg, w) for w in windows) if windows else flops_per_token(cfg)
+    sp = spread(groups)
+    ms = sp["median"]
+    tps = tr.tokens_per_step / (ms / 1000) if ms else None
+    achieved = tps * fpt_timed if tps else None
+    per_dev = achieved / W if achieved else None
+    return {
+        "ms_per_step": ms, "ms_per_step_groups": groups, "ms_per_step_spread": sp,
+        "tokens_per_step": tr.tokens_per_step, "tokens_per_s": tps,
+        "matmul_weights": matmul_weights(cfg), "flops_per_token": flops_per_token(cfg),
+        "flops_per_token_timed": fpt_timed, "flops_per_token_run_mean": run_mean_flops_per_token(cfg),
+        "timed_windows": sorted(set(windows)),
+        "achieved_flops_per_s": achieved, "achieved_flops_per_s_per_device": per_dev,
+        "matmul_peak": peak_mm, "fraction_of_peak": per_dev / peak_mm["flops_per_s"] if per_dev else None,
+    }
+
+
+def _result(session: Session, cfg: RunConfig, args, rates: dict, measured: dict, env: dict) -> dict:
+    """The bench's JSON: what ran (preset, device, the trainer's switches, arguments), then the figures."""
+    tr, dev = session.trainer, session.device
+    d = tr.describe()
+    return {
+        "preset": cfg.name, "device": (torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"),
+        "world_size": session.info.world_size, "micro_steps": tr.micro_steps,
+        "compile": cfg.train.compile if tr.compiled else "off",
+        **{k: d[k] for k in ("attention_backend", "fp8_head", "dtype", "cuda_graphs", "grad_accum", "cast_once",
+                             "head_once", "parameters")},
+        "data": args.data, "overrides": list(args.overrides),
+        "warmup": args.warmup, "steps": args.steps, "repeats": args.repeats,
+        "progress": "spread" if args.progress is None else args.progress,
+        **rates, **measured,
+        "cold_start_phases_s": tr.startup.as_dict(),
+        "compile_cache": getattr(tr, "compile_cache", None), "env": env,
+    }
 
 
 def _env_summary(env: dict) -> dict:
