@@ -114,6 +114,8 @@ def graph_config(cfg) -> dict:
         train["cudagraphs"] = True
     if t.get("pdl"):  # Inductor's option is in its own keys; Dynamo's packages need it named here
         train["pdl"] = True
+    if t.get("inductor_options"):  # Inductor keys its own; Dynamo's packages need them named here
+        train["inductor_options"] = t["inductor_options"]
     if t.get("grad_accum", "auto") != "auto":  # auto resolves from fields the key holds (and world_size)
         train["grad_accum"] = t["grad_accum"]
     if not t.get("cast_once", True):  # named only when off, as pdl when on

@@ -237,6 +237,12 @@ class TrainConfig:
     # while the one before finishes, and waits for its results at its first dependent load
     # (`torch._inductor.config.triton.enable_pdl`). Whole-model compile only. Speed only.
     pdl: bool = False
+    # Further Inductor options for the whole-model compile, "KEY=VALUE,..." with KEY a name in
+    # `torch._inductor.config` (dotted for its sections): e.g. "coordinate_descent_tuning=true" or
+    # "max_autotune_gemm=true". Values true/false, integers, decimals or words. For trying Inductor's
+    # own tuning without code changes; the compile keys name them. Some options reorder reductions
+    # (the last bits of the results) or lengthen the cold start: measure before relying on one.
+    inductor_options: str = ""
     log_every: int = 1
     dtype: str = "auto"  # activations: "auto" (bfloat16 on CUDA, float32 on CPU) | "bfloat16" | "float32"
     sample_tokens: int = 0  # print this many sampled tokens at the end (demo)
@@ -395,6 +401,29 @@ def parse_flex_options(text: str) -> dict[str, int | bool]:
     return out
 
 
+def parse_inductor_options(text: str) -> dict[str, bool | int | float | str]:
+    """"coordinate_descent_tuning=true,triton.max_tiles=3" -> {...: True, ...: 3}; ValueError if an item
+    is not KEY=VALUE or KEY is not a dotted Python name."""
+    out: dict[str, bool | int | float | str] = {}
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = (x.strip() for x in item.partition("="))
+        if not sep or not value or not all(part.isidentifier() for part in key.split(".")):
+            raise ValueError(item)
+        out[key] = _option_value(value)
+    return out
+
+
+def _option_value(text: str) -> bool | int | float | str:
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
 def parses(parse, text: str) -> bool:
     """Does parse(text) succeed (no ValueError)?"""
     try:
@@ -505,6 +534,10 @@ def _compile_checks(t: TrainConfig) -> list[Check]:
          "graph needs the whole-model compile without CUDA graphs (or no compile), got "
          f"train.compile={t.compile}, train.cudagraphs={t.cudagraphs}"),
         (not (t.pdl and t.compile == "regional"), "train.pdl", whole),
+        (parses(parse_inductor_options, t.inductor_options), "train.inductor_options",
+         f"must be KEY=VALUE pairs separated by commas (KEY an option of torch._inductor.config), "
+         f"got {t.inductor_options!r}"),
+        (not (t.inductor_options and t.compile == "regional"), "train.inductor_options", whole),
     ]
 
 

@@ -157,7 +157,8 @@ def run_child(cfg, device: torch.device, world_size: int, rank: int = 0) -> None
     dynamo_cache.enable(cfg, device, world_size, rank)  # the same cache entries' form; never saved here
     summed = grad_accum.resolve(cfg.train.grad_accum, cfg.train.compile, True, cfg.train.cudagraphs,
                                 cfg.train.batch_seqs // world_size) == "graph"
-    step_model = compile_step_model(model, cfg.train.compile, True, cfg.train.cudagraphs, summed, cfg.train.pdl)
+    step_model = compile_step_model(model, cfg.train.compile, True, cfg.train.cudagraphs, summed, cfg.train.pdl,
+                                    cfg.train.inductor_options)
     for name, fn in (("head", lambda: warm_head(model, cfg, device)),
                      ("evaluation graph", lambda: warm_eval(step_model, model, cfg, device, dtype))):
         t0 = time.time()

@@ -276,7 +276,7 @@ class Trainer:
         self.step_model = dynamo_cache.compile_with(  # whole model or regional
             self.dynamo_packages, lambda: compile_step_model(self.model, cfg.train.compile, self.compiled,
                                                           cfg.train.cudagraphs, self.grad_sums is not None,
-                                                          cfg.train.pdl))
+                                                          cfg.train.pdl, cfg.train.inductor_options))
         self.optimizers = build_optimizers(self.model, cfg.optim)
         train_files, self.val_file = resolve_data(cfg)
         from speedrun.loader import TrainLoader
