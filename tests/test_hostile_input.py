@@ -111,6 +111,49 @@ def test_resume_from_another_version(stopped_run, tmp_path, capsys):
     assert f"written by speedrun 0.0.1 (format 1), this is speedrun {__version__}" in err
 
 
+def _older_checkpoint(stopped_run, tmp_path, drop: list[str], edit=None):
+    """A copy of the stopped run whose latest checkpoint's config.json lacks the fields in `drop`, as
+    earlier code (the same speedrun version) would have written it, with its hash to match; `edit` then
+    changes the file without the hash."""
+    import shutil
+
+    from speedrun import checkpoint as ck
+
+    run = tmp_path / "older"
+    shutil.copytree(stopped_run, run)
+    latest = run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip()
+    written = json.loads((latest / "config.json").read_text())
+    for path in drop:
+        section, name = path.split(".")
+        del written[section][name]
+    meta = json.loads((latest / "trainer.json").read_text())
+    meta["config_hash"] = ck.config_hash(written)
+    (latest / "trainer.json").write_text(json.dumps(meta))
+    if edit:
+        edit(written)
+    (latest / "config.json").write_text(json.dumps(written))
+    return run
+
+
+def test_resume_of_a_checkpoint_without_speed_only_fields(stopped_run, tmp_path, capsys):
+    """Fields added since the checkpoint that only change how the step runs take their defaults."""
+    run = _older_checkpoint(stopped_run, tmp_path, ["train.head_once", "train.inductor_options"])
+    assert main(["train", "--resume", str(run), "--no-progress"]) == 0
+    assert json.loads((run / "summary.json").read_text())["final_val_loss"] > 0
+
+
+def test_resume_of_a_checkpoint_without_a_field_of_the_math(stopped_run, tmp_path, capsys):
+    run = _older_checkpoint(stopped_run, tmp_path, ["model.logit_softcap", "train.head_once"])
+    err = _one_line_error(capsys, main(["train", "--resume", str(run)]))
+    assert "the checkpoint's config has no model.logit_softcap: it was written by earlier speedrun code" in err
+
+
+def test_resume_of_an_edited_config(stopped_run, tmp_path, capsys):
+    run = _older_checkpoint(stopped_run, tmp_path, [], edit=lambda d: d["model"].update(logit_softcap=15.0))
+    err = _one_line_error(capsys, main(["train", "--resume", str(run)]))
+    assert "config.json does not match the checkpoint (edited?)" in err
+
+
 def test_resume_without_checkpoint(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     err = _one_line_error(capsys, main(["train", "--resume", str(tmp_path / "empty")]))

@@ -63,11 +63,16 @@ def save_model_files(model: torch.nn.Module, cfg: RunConfig, folder: Path) -> No
 
 
 def load_config(folder: Path) -> RunConfig:
+    return from_dict(load_config_dict(folder))
+
+
+def load_config_dict(folder: Path) -> dict:
+    """The folder's config.json as written (fields of later code versions absent, not defaulted)."""
     path = Path(folder) / CONFIG
     if not path.exists():
         raise ConfigError(f"{folder}: no {CONFIG} (expected a run or checkpoint folder)")
     try:
-        return from_dict(json.loads(path.read_text()))
+        return json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise ConfigError(f"{path}: not valid JSON ({e.msg})") from None
 
@@ -114,9 +119,10 @@ def rank_file(rank: int) -> str:
     return f"rank{rank}.pt"
 
 
-def config_hash(cfg: RunConfig, ignore: tuple[str, ...] = ()) -> str:
-    """Short hash of the config, leaving out fields that may change on resume."""
-    d = cfg.to_dict()
+def config_hash(cfg: RunConfig | dict, ignore: tuple[str, ...] = ()) -> str:
+    """Short hash of the config (or of its `to_dict()` form as read back from config.json), leaving out
+    the fields named in `ignore`."""
+    d = json.loads(json.dumps(cfg if isinstance(cfg, dict) else cfg.to_dict(), default=str))
     for path in ignore:
         section, name = path.split(".", 1)
         d.get(section, {}).pop(name, None)

@@ -31,7 +31,7 @@ import torch
 
 from speedrun import __version__
 from speedrun import checkpoint as ck
-from speedrun.config import RunConfig, apply_overrides, diff
+from speedrun.config import RunConfig, all_field_paths, apply_overrides, diff, from_dict
 from speedrun.errors import ConfigError
 from speedrun.faults import FaultInjector, Interrupted, TrainingFault
 from speedrun.health import Fault, HealthMonitor, LossJudge, weights_finite
@@ -41,7 +41,10 @@ from speedrun.health import Fault, HealthMonitor, LossJudge, weights_finite
 MAY_CHANGE = tuple(f"train.{n}" for n in (
     "checkpoint_every_steps", "checkpoint_every_minutes", "health_every", "spike_factor", "on_fault",
     "max_recoveries", "recover_lr_factor", "inject_fault", "log_every", "sample_tokens", "val_every",
-    "warmup_steps", "warmup_steps_warm", "compile")) + ("data.data_dir", "attention.backend")
+    "warmup_steps", "warmup_steps_warm", "compile",
+    # how the step is compiled and launched, not what it computes (config.py: "Speed only")
+    "precompile", "dynamo_cache", "cudagraphs", "pdl", "inductor_options", "grad_accum", "cast_once",
+    "head_once")) + ("data.data_dir", "attention.backend")
 
 
 # ---------------------------------------------------------------- command line
@@ -88,9 +91,11 @@ def resume_config(run: Path, preset: str | None, asked: RunConfig | None, overri
     if meta.get("speedrun_version") != __version__ or meta.get("format") != ck.FORMAT:
         raise ConfigError(f"--resume {run}: checkpoint written by speedrun {meta.get('speedrun_version')} "
                           f"(format {meta.get('format')}), this is speedrun {__version__} (format {ck.FORMAT})")
-    saved = ck.load_config(folder)
-    if ck.config_hash(saved) != meta.get("config_hash"):
+    written = ck.load_config_dict(folder)
+    if ck.config_hash(written) != meta.get("config_hash"):
         raise ConfigError(f"--resume {run}: {folder / ck.CONFIG} does not match the checkpoint (edited?)")
+    _refuse_fields_added_since(run, written)
+    saved = from_dict(written)
     if preset is not None and preset != saved.name:
         raise ConfigError(f"--resume {run}: checkpoint is preset '{saved.name}', command line asks '{preset}'; "
                           f"{_describe(diff(saved, asked))}")
@@ -99,6 +104,17 @@ def resume_config(run: Path, preset: str | None, asked: RunConfig | None, overri
     if differs:
         raise ConfigError(f"--resume {run}: the command line changes the run: {_describe(differs)}")
     return cfg
+
+
+def _refuse_fields_added_since(run: Path, written: dict) -> None:
+    """A checkpoint from an earlier speedrun of the same version may lack fields added since. Those in
+    MAY_CHANGE take their defaults; any other could change what the run computes, so the resume stops."""
+    absent = [p for p in all_field_paths() if p.split(".", 1)[1] not in written.get(p.split(".", 1)[0], {})]
+    absent = [p for p in absent if p not in MAY_CHANGE]
+    if absent:
+        more = f" (and {len(absent) - 4} more)" if len(absent) > 4 else ""
+        raise ConfigError(f"--resume {run}: the checkpoint's config has no {', '.join(absent[:4])}{more}: it was "
+                          "written by earlier speedrun code; resume it with that code")
 
 
 def tensorboard_writer(run: Path):
