@@ -28,6 +28,7 @@ def restore_dynamo(monkeypatch):
     from torch._dynamo.package import DynamoCache
 
     before = torch._dynamo.config.caching_precompile
+    torch._dynamo.config.caching_precompile = False  # torch's default, whatever ran before in this worker
     yield
     torch._dynamo.config.caching_precompile = before
     DynamoCache.__dict__.pop("path_prefix", None)

@@ -62,10 +62,16 @@ def test_each_option_is_checked_against_inductor(text, message):
 
 
 def test_an_unknown_option_is_one_line_from_the_command(tmp_path, capsys):
+    from speedrun import dynamo_cache
+
+    before = torch._dynamo.config.caching_precompile
     code = train(tmp_path / "run", "--set", "train.compile=on", "--set", "train.inductor_options=no_such_option=1",
                  steps=1)
     err = capsys.readouterr().err.strip()
     assert code == 2 and "\n" not in err and "has no Inductor option 'no_such_option'" in err
+    if dynamo_cache.supported():  # the failed set-up switched Dynamo's package cache back off
+        assert torch._dynamo.config.caching_precompile is False
+    torch._dynamo.config.caching_precompile = before
 
 
 def test_options_reach_torch_compile(monkeypatch):

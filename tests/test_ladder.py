@@ -21,14 +21,14 @@ NAMES = [r.name for r in RUNGS]
 
 
 def shrink(cfg: RunConfig) -> RunConfig:
-    """The rung's techniques on a 4-layer, 64-wide model and 2 x 256-token steps."""
+    """The rung's techniques on a 4-layer, 64-wide model, two steps of one 256-token sequence."""
     m, a, t, d = cfg.model, cfg.attention, cfg.train, cfg.data
     m.num_layers, m.model_dim, m.num_heads, m.head_dim, m.mlp_hidden = 4, 64, 2, 32, 128
     m.value_embeds = min(m.value_embeds, 2)
     m.no_attn_layers = (2,) if m.no_attn_layers else ()
     m.long_layers = (0, 3) if m.long_layers else ()
     a.segment_len = 128 if a.segment_len else 0
-    t.steps, t.seq_len, t.batch_seqs, t.val_tokens, t.val_seq_len, t.val_every = 2, 256, 2, 256, 256, 2
+    t.steps, t.seq_len, t.batch_seqs, t.val_tokens, t.val_seq_len, t.val_every = 2, 256, 1, 256, 256, 2
     t.dtype, t.compile, t.warmup_steps, t.sample_tokens = "float32", "off", 0, 0
     d.data_dir, d.train_pattern, d.val_pattern = "demo", "demo_train_*.bin", "demo_val_*.bin"
     return cfg

@@ -168,7 +168,7 @@ _INTERPRETED = textwrap.dedent(r'''
     out = {"cases": []}
     for form, cap in [("sigmoid", 30.0), ("tanh", 30.0), ("none", 0.0)]:
         for dtype in (torch.float32, torch.bfloat16):
-            out["cases"].append(compare(form, cap, dtype, 37, 3001, 10.0, 512))  # 6 blocks, last partial
+            out["cases"].append(compare(form, cap, dtype, 13, 3001, 10.0, 512))  # 6 blocks, last partial
             out["cases"].append(compare(form, cap, dtype, 9, 3001, 3e3, 2048, seed=1))  # saturating logits
     out["cases"].append(compare("sigmoid", 30.0, torch.bfloat16, 3, 50304, 8.0, 2048, seed=2))  # the record's V
     out["cases"].append(compare("tanh", 15.0, torch.float32, 5, 7, 4.0, 16, seed=3))  # tiny odd V < BLOCK_V
@@ -177,7 +177,7 @@ _INTERPRETED = textwrap.dedent(r'''
     # "lean": the record's form only (others fall back to "precise"); blocks full, partial, V < BLOCK_V,
     # saturating logits, each polynomial share, the target in the masked tail (row 1) and an ignored row (2)
     for poly in (0, 1, 2):
-        out["cases"].append(compare("sigmoid", 30.0, torch.float32, 37, 3001, 10.0, 512, seed=6, math="lean",
+        out["cases"].append(compare("sigmoid", 30.0, torch.float32, 13, 3001, 10.0, 512, seed=6, math="lean",
                                     poly=poly))
     out["cases"].append(compare("sigmoid", 30.0, torch.bfloat16, 9, 3001, 3e3, 2048, seed=7, math="lean", poly=2))
     out["cases"].append(compare("sigmoid", 30.0, torch.float32, 5, 7, 4.0, 16, seed=8, math="lean"))
@@ -199,7 +199,7 @@ _INTERPRETED = textwrap.dedent(r'''
 
     sc.LEAN_CONFIG.update(POLY=1, BLOCK_V=512, num_warps=4)
     out["rowsums"] = []
-    for seed, (N, V) in enumerate([(37, 3001), (4, 50304), (3, 200)]):
+    for seed, (N, V) in enumerate([(13, 3001), (4, 50304), (3, 200)]):
         z, t = lean_case(100 + seed, N, V)
         rs = head_gluon.rowsums_reference(z, 30.0).float()
         l0, g0 = sc.launch(z, t, 30.0, "sigmoid", True, math="lean")
@@ -211,7 +211,7 @@ _INTERPRETED = textwrap.dedent(r'''
     # tiles (rows, a partial last tile of rows and of columns, an ignored row) and its exact transpose
     sc.TILE_CONFIG.update(BLOCK_M=16, BLOCK_V=64)
     out["transposed"] = []
-    for seed, (N, V, use_rs) in enumerate([(37, 3001, True), (5, 700, False)]):
+    for seed, (N, V, use_rs) in enumerate([(21, 3001, True), (5, 700, False)]):
         z, t = lean_case(200 + seed, N, V)
         rs = head_gluon.rowsums_reference(z, 30.0).float() if use_rs else None
         l0, g0 = sc.launch(z, t, 30.0, "sigmoid", True, torch.float32, 448.0, "lean", rs)
@@ -222,7 +222,7 @@ _INTERPRETED = textwrap.dedent(r'''
     # the head's case: e5m2 tiles transposed as words of four rows (partial last tiles of rows and columns,
     # row sums or not); N % 4 != 0 falls back to the lean kernel and the transposed copy
     out["packed"] = []
-    for seed, (N, V, use_rs) in enumerate([(36, 3001, True), (8, 700, False), (37, 300, False)]):
+    for seed, (N, V, use_rs) in enumerate([(20, 3001, True), (8, 700, False), (37, 300, False)]):
         z, t = lean_case(300 + seed, N, V)
         rs = head_gluon.rowsums_reference(z, 30.0).float() if use_rs else None
         l0, g0 = sc.launch(z, t, 30.0, "sigmoid", True, torch.float8_e5m2, 448.0, "lean", rs)
@@ -342,7 +342,7 @@ def test_interpreted_packed_transpose(interpreted):
     """The e5m2 tiles (rows packed four to a word): the lean kernel's losses exactly, its bytes but for
     rare one-step roundings (the tiles pair reciprocals differently), the transposed layout exactly the
     transpose of the row-major one, an ignored row zero; N = 37 takes the fall-back."""
-    assert [c["N"] for c in interpreted["packed"]] == [36, 8, 37]
+    assert [c["N"] for c in interpreted["packed"]] == [20, 8, 37]
     for case in interpreted["packed"]:
         assert case["nonzero"] > 0.05 * case["N"] * case["V"], {k: case[k] for k in ("N", "V", "nonzero")}
         assert case["losses_equal"] and case["exact_transpose"] and case["ignored_zero"], case

@@ -335,7 +335,7 @@ class Session:
 
     def close(self) -> None:
         tr = self.trainer
-        tr.stop_precompile()
+        tr.release_compile()
         try:
             tr.loader.close()
             if getattr(tr, "guard", None) is not None:

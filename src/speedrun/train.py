@@ -111,7 +111,7 @@ def cli_train(args: argparse.Namespace) -> int:
         raise out_of_memory(cfg, info.world_size, getattr(trainer, "phase", "set-up")) from None
     finally:
         if trainer is not None:
-            trainer.stop_precompile()
+            trainer.release_compile()
         if getattr(trainer, "guard", None) is not None:
             trainer.guard.close()
         shutdown(clean=finished)
@@ -243,7 +243,7 @@ class Trainer:
         try:
             self._build()
         except BaseException:
-            self.stop_precompile()
+            self.release_compile()
             raise
         from speedrun.resilience import RunGuard
 
@@ -486,6 +486,14 @@ class Trainer:
 
         precompile.stop(self.precompiler)
         self.precompiler = None
+
+    def release_compile(self) -> None:
+        """Stop the precompile child and switch Dynamo's package cache off again, so that whatever
+        this process compiles next (a notebook, a test, another run) is neither packaged into this
+        run's folder nor left with torch's switch on."""
+        self.stop_precompile()
+        dynamo_cache.disable(self.dynamo_packages)
+        self.dynamo_packages = None
 
     # -------------------------------------------------------------- loop
 
