@@ -140,6 +140,29 @@ def test_resume_of_a_checkpoint_without_speed_only_fields(stopped_run, tmp_path,
     run = _older_checkpoint(stopped_run, tmp_path, ["train.head_once", "train.inductor_options"])
     assert main(["train", "--resume", str(run), "--no-progress"]) == 0
     assert json.loads((run / "summary.json").read_text())["final_val_loss"] > 0
+    assert "other speedrun sources" not in capsys.readouterr().out  # the same sources wrote the checkpoint
+
+
+def test_resume_by_other_sources_says_so_and_keeps_the_first_env(stopped_run, tmp_path, capsys):
+    """The checkpoint names the sources that wrote it: a resume by other code prints a note and logs both;
+    the first process's env.json stays, the resumed one's goes beside it."""
+    from speedrun.compile_cache import source_hash
+    from speedrun.rundir import read_metrics
+
+    run = _older_checkpoint(stopped_run, tmp_path, [])
+    latest = run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip()
+    meta = json.loads((latest / "trainer.json").read_text())
+    assert meta["source_sha256"] == source_hash()
+    meta["source_sha256"] = "0" * 64
+    (latest / "trainer.json").write_text(json.dumps(meta))
+    first_env = (run / "env.json").read_text()
+    assert main(["train", "--resume", str(run), "--no-progress"]) == 0
+    assert f"written by other speedrun sources (sha256 000000000000, these are {source_hash()[:12]})" in \
+        capsys.readouterr().out
+    assert (run / "env.json").read_text() == first_env
+    assert json.loads((run / "env.resume-1.json").read_text())["source_sha256"] == source_hash()
+    event = [r for r in read_metrics(run) if r.get("event") == "resume"][-1]
+    assert (event["checkpoint_source_sha256"], event["source_sha256"]) == ("0" * 64, source_hash())
 
 
 def test_resume_of_a_checkpoint_without_a_field_of_the_math(stopped_run, tmp_path, capsys):
@@ -187,3 +210,15 @@ def test_tensorboard_missing_is_one_line(tmp_path, capsys, monkeypatch):
     monkeypatch.delattr(tb, "TensorBoardWriter")  # as if the module were missing
     err = _one_line_error(capsys, train(tmp_path / "run", "--tensorboard", steps=1))
     assert err.startswith("speedrun: error: --tensorboard: not available")
+
+
+def test_each_resumed_process_gets_its_own_env_file(tmp_path):
+    from speedrun.train import env_file_name
+
+    assert env_file_name(tmp_path, resuming=False) == "env.json"
+    assert env_file_name(tmp_path, resuming=True) == "env.json"  # the first process's file is missing
+    (tmp_path / "env.json").write_text("{}")
+    assert env_file_name(tmp_path, resuming=False) == "env.json"  # a fresh run (--overwrite) replaces it
+    assert env_file_name(tmp_path, resuming=True) == "env.resume-1.json"
+    (tmp_path / "env.resume-1.json").write_text("{}")
+    assert env_file_name(tmp_path, resuming=True) == "env.resume-2.json"

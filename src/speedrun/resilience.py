@@ -168,6 +168,9 @@ class RunGuard:
         self.signum: int | None = None
         self._old_handlers: dict = {}
         self._warm_steps = 0
+        from speedrun.compile_cache import source_hash
+
+        self.sources = source_hash()  # in each checkpoint: a resume by other code says so
 
     # ------------------------------------------------------------ hooks in train_step
 
@@ -209,9 +212,14 @@ class RunGuard:
             ck.remove_partial(self.tr.out_path)
         if self.resume_dir is not None:
             folder = ck.latest_checkpoint(self.resume_dir)
-            self._restore(folder, resume=True)
+            written_by = self._restore(folder, resume=True).get("source_sha256")
             self.tr._log({"event": "resume", "step": self.start_step, "checkpoint": folder.name,
-                          "speedrun_version": __version__})
+                          "speedrun_version": __version__, "source_sha256": self.sources,
+                          "checkpoint_source_sha256": written_by})
+            if written_by not in (None, self.sources) and self.info.is_main:
+                print(f"speedrun: note: {folder.name} was written by other speedrun sources (sha256 "
+                      f"{written_by[:12]}, these are {self.sources[:12]}); the run goes on, but is not step for "
+                      "step the run either code would make alone", flush=True)
         elif self.saving:
             self.save_at = 0
         from speedrun.dist import barrier
@@ -314,7 +322,7 @@ class RunGuard:
         rank_state["rng"] = ck.rng_state()
         model = self.copier.copy(tr.model.state_dict(), tr.device) if self.info.is_main else None
         meta = {
-            "format": ck.FORMAT, "speedrun_version": __version__, "preset": tr.cfg.name,
+            "format": ck.FORMAT, "speedrun_version": __version__, "source_sha256": self.sources, "preset": tr.cfg.name,
             "config_hash": ck.config_hash(tr.cfg), "world_size": self.info.world_size, "step": step,
             "train_time_s": train_time_s, "batches_drawn": self.batches, "skip_batches": sorted(self.skip),
             "recoveries": self.recoveries, "lr_factor": self.lr_factor, "fp8_head": bool(tr.model.use_fp8),
@@ -348,7 +356,8 @@ class RunGuard:
 
     # ------------------------------------------------------------ restore, faults, signals
 
-    def _restore(self, folder: Path, resume: bool) -> None:
+    def _restore(self, folder: Path, resume: bool) -> dict:
+        """Load the checkpoint in `folder` into the trainer; its trainer.json."""
         tr = self.tr
         data = ck.load_checkpoint(folder, self.info.rank)
         meta = data.trainer
@@ -370,6 +379,7 @@ class RunGuard:
             tr.model.use_fp8 = tr.model.use_fp8 and meta["fp8_head"]
         if self.info.is_main:
             truncate_metrics(tr.out_path / "metrics.jsonl", meta["step"])
+        return meta
 
     def _on_fault(self, fault: Fault, pending) -> None:
         t, tr = self.t, self.tr

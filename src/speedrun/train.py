@@ -121,6 +121,14 @@ def cli_train(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------ trainer
 
 
+def env_file_name(run: Path, resuming: bool) -> str:
+    """env.json for the run's first process; a resumed process, which may run other code on another
+    machine, writes env.resume-<k>.json beside it (k = 1, 2, ...) and leaves the first one as it was."""
+    if not resuming or not (run / "env.json").exists():
+        return "env.json"
+    return f"env.resume-{len(list(run.glob('env.resume-*.json'))) + 1}.json"
+
+
 def pick_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -329,7 +337,7 @@ class Trainer:
         env["source_sha256"] = source_hash()  # identifies the code even without git (a copied tree)
         env["run"] = self.describe()
         self.out.write_json("config.json", self.cfg.to_dict())
-        self.out.write_json("env.json", env)
+        self.out.write_json(env_file_name(self.out.path, self.guard.resume_dir is not None), env)
 
     # -------------------------------------------------------------- schedules
 
