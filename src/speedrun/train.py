@@ -235,6 +235,10 @@ class Trainer:
         if note and info.is_main:
             print(f"speedrun: note: {note}", flush=True)
         self.dtype = pick_dtype(cfg.train.dtype, self.device)
+        if self.device.type == "cpu":
+            from speedrun.host_memory import keep_freed_blocks
+
+            keep_freed_blocks()  # a CPU step reuses its freed tensors' pages instead of faulting in new ones
         self.progress = progress and info.is_main
         self.out = RunDir(out, overwrite=overwrite, resume=resume is not None) if info.is_main else None
         self.out_path, self.tb, self.phase = Path(out), None, "set-up"
