@@ -32,7 +32,7 @@ from speedrun.model import GPT, count_parameters
 from speedrun.optimizers import build_optimizers
 from speedrun.rundir import RunDir, default_out_dir, git_commit, git_dirty
 from speedrun import dynamo_cache, gpu_clocks
-from speedrun.startup import StartupPhases, bytecode_note, compiled_graphs
+from speedrun.startup import StartupPhases, bytecode_note, compiled_graphs, retune_note
 
 
 def process_start_time() -> float:
@@ -233,6 +233,9 @@ class Trainer:
         self.startup.mark("imports")  # process start -> here: interpreter, imports, arguments, process group
         note = bytecode_note(bool(sys.flags.dont_write_bytecode), sys.pycache_prefix)
         if note and info.is_main:
+            print(f"speedrun: note: {note}", flush=True)
+        note = retune_note(cfg.train.inductor_options, torch.__version__)
+        if note and info.is_main and self.device.type == "cuda" and cfg.train.compile != "off":
             print(f"speedrun: note: {note}", flush=True)
         self.dtype = pick_dtype(cfg.train.dtype, self.device)
         if self.device.type == "cpu":
