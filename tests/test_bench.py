@@ -338,10 +338,13 @@ def test_warm_then_run_loads_cache(tmp_path, monkeypatch, capsys):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a valid file loads without any warning
         assert compile_cache.read_file(files[0]) is not None
+    torch._dynamo.reset()
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor-fresh"))  # a fresh machine's
     rc = main(tiny_args("--steps", "2", "--repeats", "1", "--warmup", "1", "--set", "train.compile=regional"))
     assert rc == 0
     out = capsys.readouterr().out
     assert f"compile cache: loaded {files[0].stem}" in out
+    assert "local compile caches: cold, filled from the portable cache (no precompile child)" in out, out
     assert re.search(r"graphs compiled in timed steps\s+0 ", out), out  # warm-up compiled everything
 
 

@@ -270,13 +270,15 @@ class Trainer:
     def _build(self) -> None:
         cfg, info = self.cfg, self.info
         self.compiled = use_compile(cfg.train.compile, self.device)
-        if self.compiled:  # first, so that a precompile child starts as early as it can
-            self._prepare_compile()
         from speedrun.compile_cache import load_for_run
         from speedrun.regional import compile_step_model
 
         log = print if info.is_main else None
+        # the portable cache first (finding none costs milliseconds): loaded, it holds the evaluation
+        # graph too, and a precompile child would only compile what is already there
         self.compile_cache = load_for_run(cfg, self.device, info.world_size, log) if self.compiled else "not compiled"
+        if self.compiled:  # before the model, so that a precompile child starts as early as it can
+            self._prepare_compile(portable_loaded=self.compile_cache.startswith("loaded"))
         self.startup.mark("compile_cache")
         self.model = build_model(cfg, self.device, info.world_size, self.dtype)
         self.startup.mark("model")
@@ -299,9 +301,9 @@ class Trainer:
         self.loader = TrainLoader(train_files, cfg.train.seq_len, cfg.train.batch_seqs, info.rank,
                                   info.world_size, self.device, bos_align=cfg.train.bos_align)
 
-    def _prepare_compile(self) -> None:
-        """Key torch's caches, switch on Dynamo's package cache and, on a cold start (no package and
-        no warm note for this run's key), start the precompile child."""
+    def _prepare_compile(self, portable_loaded: bool = False) -> None:
+        """Key torch's caches, switch on Dynamo's package cache and, on a cold start (no package, no
+        warm note for this run's key and no portable cache loaded), start the precompile child."""
         from speedrun import precompile
         from speedrun.compile_cache import key_local_caches
 
@@ -313,9 +315,11 @@ class Trainer:
         self.warm_note = precompile.warm_note(cfg, info)
         warm = (packages is not None and packages.found) or self.warm_note.exists()
         if info.is_main:
-            print(f"speedrun: local compile caches: {'warm (no precompile child)' if warm else 'cold'}", flush=True)
+            state = ("warm (no precompile child)" if warm else
+                     "cold, filled from the portable cache (no precompile child)" if portable_loaded else "cold")
+            print(f"speedrun: local compile caches: {state}", flush=True)
         log_path = self.out.path / "precompile.log" if self.out else None
-        self.precompiler = precompile.start(cfg, info, log_path, warm=warm)
+        self.precompiler = precompile.start(cfg, info, log_path, warm=warm or portable_loaded)
         if all_ranks(warm, self.device):  # every rank must run the same number of warm-up steps
             t = cfg.train
             self.warmup_count = min(t.warmup_steps, max(t.warmup_steps_warm, 2 if t.health_every else 1))
