@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Issue 4, for the twenty-seventh session (one H200): the portable compile cache's cold start, never measured
+# on a GPU before.
+#   portable  keep the carried shards (stage_proxy); the strict cold start (the machine's first Python process,
+#             empty compiler caches, no bytecode, no portable cache); `speedrun warm --preset proxy212` into
+#             $PORT_HOME on its own empty local caches; then two 20-step `train` runs, each on fresh empty local
+#             caches with the portable cache on (a fresh machine that has the file); log q-portable.log
+#             [all.done]
+#   full      restore the kept shards; two proxy212 runs on the strict caches [full.done]
+#   wait S [D [LOG]]  as session18_queue.sh's
+# Carry [".proxy"] without shard 4 for portable, then [".proxy"] with shard 4 alone for full, at once after.
+set -u
+source scripts/device/common.sh
+PORT_HOME=/tmp/speedrun-home
+
+no_bytecode() { echo "-u PYTHONPYCACHEPREFIX PYTHONDONTWRITEBYTECODE=1"; }  # the image's own setting
+
+port_warm() {  # speedrun warm on empty local caches; the file it saved
+  echo "$(date +%T) warm"
+  rm -rf "$PORT_HOME"
+  env $(no_bytecode) $(caches warm-src fresh | sed 's/SPEEDRUN_COMPILE_CACHE=off//') SPEEDRUN_HOME=$PORT_HOME \
+    python3 -m speedrun.cli warm --preset proxy212 > "$RES/port-warm.log" 2>&1; local rc=$?
+  echo "$(date +%T) warm: exit $rc | $(tail -3 "$RES/port-warm.log" | tr '\n' ' ')"
+  ls -la "$PORT_HOME"/compile/ 2>&1
+}
+
+port_train() {  # port_train NAME: 20 proxy212 steps, fresh empty local caches, the portable cache on
+  echo "[gpu0] $(date +%T) start $1 (empty local caches, portable cache $PORT_HOME)"
+  env $(no_bytecode) $(caches "$1" fresh | sed 's/SPEEDRUN_COMPILE_CACHE=off//') SPEEDRUN_HOME=$PORT_HOME \
+    python3 -m speedrun.train "${ARGS[@]}" --steps 20 --out "/tmp/runs/$1" > "$RES/$1.log" 2>&1; local rc=$?
+  echo "[gpu0] $(date +%T) end $1: exit $rc | $(grep -E 'compile cache|local compile caches|cold start' "$RES/$1.log" | head -3 | tr '\n' ' ')"
+}
+
+portable_queue() {
+  strict_cold
+  clocks_log clocks.csv
+  port_warm
+  port_train port-a
+  port_train port-b
+  summaries
+}
+
+case "${1:-}" in
+  portable) check_start; logged q-portable.log portable_queue ;;
+  full) full_pair ;;
+  wait) follow_and_collect "${2:-560}" "$RES/${3:-all}.done" "$RES/${4:-q.log}"; exit $? ;;
+  *) echo "usage: $0 portable | full | wait SECONDS [DONE-NAME [LOG]]" >&2; exit 2 ;;
+esac
