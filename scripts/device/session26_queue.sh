@@ -3,9 +3,10 @@
 # on a GPU before.
 #   portable  keep the carried shards (stage_proxy); the strict cold start (the machine's first Python process,
 #             empty compiler caches, no bytecode, no portable cache); `speedrun warm --preset proxy212` into
-#             $PORT_HOME on its own empty local caches; then two 20-step `train` runs, each on fresh empty local
-#             caches with the portable cache on (a fresh machine that has the file); log q-portable.log
-#             [all.done]
+#             $PORT_HOME on its own empty local caches; then 20-step `train` runs, each on fresh empty local
+#             caches with the portable cache on (a fresh machine that has the files): port-a and port-b with
+#             <key>.bin and <key>.triton (speedrun's own Triton kernels), port-c with <key>.bin alone;
+#             log q-portable.log [all.done]
 #   full      restore the kept shards; two proxy212 runs on the strict caches [full.done]
 #   wait S [D [LOG]]  as session18_queue.sh's
 # Carry [".proxy"] without shard 4 for portable, then [".proxy"] with shard 4 alone for full, at once after.
@@ -29,6 +30,7 @@ port_train() {  # port_train NAME: 20 proxy212 steps, fresh empty local caches, 
   env $(no_bytecode) $(caches "$1" fresh | sed 's/SPEEDRUN_COMPILE_CACHE=off//') SPEEDRUN_HOME=$PORT_HOME \
     python3 -m speedrun.train "${ARGS[@]}" --steps 20 --out "/tmp/runs/$1" > "$RES/$1.log" 2>&1; local rc=$?
   echo "[gpu0] $(date +%T) end $1: exit $rc | $(grep -E 'compile cache|local compile caches|cold start' "$RES/$1.log" | head -3 | tr '\n' ' ')"
+  ls "$C/$1/triton" | wc -l | sed 's/^/    Triton cache folders after the run: /'
 }
 
 portable_queue() {
@@ -36,6 +38,9 @@ portable_queue() {
   clocks_log clocks.csv
   port_warm
   port_train port-a
+  mkdir -p /tmp/triton-aside && mv "$PORT_HOME"/compile/*.triton /tmp/triton-aside/
+  port_train port-c
+  mv /tmp/triton-aside/*.triton "$PORT_HOME"/compile/
   port_train port-b
   summaries
 }

@@ -853,8 +853,11 @@ def run_warm(args) -> dict:
         _sync(session.device)
         key = compile_cache.cache_key(cfg, session.device, W)
         path = compile_cache.save(key) if session.is_main else None
+        kernels = compile_cache.save_triton(key) if path else None  # speedrun's own, beside torch's
         _barrier()
         return {"key": key, "path": str(path) if path else None, "bytes": path.stat().st_size if path else 0,
+                "triton_path": str(kernels) if kernels else None,
+                "triton_bytes": kernels.stat().st_size if kernels else 0,
                 "first_step_s": first_s, "warmup_s": warm_s, "loaded": tr.compile_cache,
                 "parts": compile_cache.key_parts(cfg, session.device, W)}
     finally:
@@ -875,6 +878,8 @@ def cmd_warm(args) -> int:
         if r["path"]:
             print(f"compile cache: saved {r['key']} ({_fmt_bytes(r['bytes'])}) -> {r['path']}  "
                   f"[first step {_fmt(r['first_step_s'])} s, warm-up {r['warmup_s']:.1f} s]")
+            if r["triton_path"]:
+                print(f"compile cache: speedrun's Triton kernels ({_fmt_bytes(r['triton_bytes'])}) -> {r['triton_path']}")
         elif dist.is_available() and dist.is_initialized() and dist.get_rank() != 0:
             pass
         else:

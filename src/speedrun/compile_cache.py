@@ -47,6 +47,7 @@ import os
 import platform
 import struct
 import sys
+import tarfile
 import warnings
 from functools import lru_cache
 from pathlib import Path
@@ -164,6 +165,11 @@ def cache_path(key: str) -> Path:
     return cache_dir() / f"{key}.bin"
 
 
+def triton_path(key: str) -> Path:
+    """speedrun's own Triton kernels for `key` (`triton_bundle`), beside torch's artifacts."""
+    return cache_dir() / f"{key}.triton"
+
+
 # ---------------------------------------------------------------- file format
 
 
@@ -242,6 +248,33 @@ def load(key: str) -> bool:
     return True
 
 
+def save_triton(key: str) -> Path | None:
+    """Pack this process's speedrun Triton kernels under `key`; None when there are none."""
+    from speedrun import triton_bundle
+
+    payload = triton_bundle.collect()
+    return write_file(triton_path(key), payload) if payload else None
+
+
+def load_triton(key: str) -> int:
+    """Unpack `key`'s speedrun Triton kernels into Triton's cache; the number of files written (0 when
+    there is no file, it is invalid, or Triton's cache is not a local folder)."""
+    from speedrun import triton_bundle
+
+    path, root = triton_path(key), triton_bundle.cache_root()
+    if root is None or not path.is_file():
+        return 0
+    payload = read_file(path)
+    if payload is None:
+        return 0
+    try:
+        return triton_bundle.unpack(payload, root)
+    except (ValueError, OSError, EOFError, tarfile.TarError) as e:
+        warnings.warn(f"compile cache {path}: cannot unpack it ({type(e).__name__}: {e}); ignoring it",
+                      stacklevel=2)
+        return 0
+
+
 class SourceKeyPass:
     """A post-grad graph pass that does nothing and whose `uuid()` is speedrun's source hash.
 
@@ -300,6 +333,8 @@ def load_for_run(cfg, device: torch.device | str, world_size: int = 1, log=print
     else:
         key = cache_key(cfg, device, world_size)
         status = f"loaded {key}" if load(key) else f"none ({key})"
+        if status.startswith("loaded") and triton_path(key).is_file():
+            status += f" (+ speedrun's Triton kernels: {load_triton(key)} files written)"
     if log is not None:
         log(f"compile cache: {status}")
     return status
