@@ -6,11 +6,15 @@ kernel whose hash names that folder. What matters is the far end: after unpackin
 folder, Triton's own cache manager finds the kernel's group there, with every file it lists.
 """
 
+import ctypes
 import io
 import json
+import shutil
+import sysconfig
 import sys
 import tarfile
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -49,6 +53,26 @@ def _kernel_module(monkeypatch, name: str, hashes: list[str]):
     return fn
 
 
+def _host_module(folder, load: bool) -> None:
+    """A compiled host module in a Triton cache folder (a copy of a small C extension), dlopened when
+    `load`, as Triton loads its utilities and launchers."""
+    extensions = sorted(Path(sysconfig.get_config_var("DESTSHARED") or "/nonexistent").glob("*.so"))
+    if not extensions:
+        pytest.skip("this Python has no C extension module files to copy")
+    folder.mkdir(parents=True)
+    so = folder / "cuda_utils.so"
+    shutil.copyfile(extensions[0], so)
+    if load:
+        ctypes.CDLL(str(so))
+
+
+def test_host_modules_are_the_loaded_ones(tmp_path):
+    _host_module(tmp_path / "L", load=True)
+    _host_module(tmp_path / "N", load=False)
+    assert triton_bundle.module_folders(tmp_path) == [(tmp_path / "L").resolve()]
+    assert triton_bundle.module_folders(tmp_path, maps=tmp_path / "no-such-file") == []
+
+
 @pytest.fixture
 def triton_cache(tmp_path, monkeypatch):
     """Triton's cache in tmp_path/a; returns a function that switches it to tmp_path/<name>."""
@@ -63,19 +87,20 @@ def triton_cache(tmp_path, monkeypatch):
 def test_packed_kernels_are_found_by_triton_in_another_cache(triton_cache, monkeypatch):
     _compiled(HASH, "softcap_ce_fwd")
     _compiled(OTHER, "triton_poi_fused_add_0")  # a kernel nothing of speedrun's holds: left out
-    (triton_cache("a") / "LAUNCHER").mkdir()
-    (triton_cache("a") / "LAUNCHER" / "cuda_utils.cpython-312-x86_64-linux-gnu.so").write_bytes(b"so")
+    _host_module(triton_cache("a") / "LAUNCHER", load=True)  # Triton's utilities, loaded by this process
+    _host_module(triton_cache("a") / "ELSEWHERE", load=False)  # another project's, not loaded: left out
     _kernel_module(monkeypatch, "speedrun._test_kernels", [HASH])
     _kernel_module(monkeypatch, "someone_else", [OTHER])
     payload = triton_bundle.collect()
     names = tarfile.open(fileobj=io.BytesIO(payload), mode="r:gz").getnames()
     folder = get_cache_manager(HASH).key
     assert sorted(names) == sorted([f"{folder}/softcap_ce_fwd.cubin", f"{folder}/softcap_ce_fwd.json",
-                                    f"{folder}/__grp__softcap_ce_fwd.json",
-                                    "LAUNCHER/cuda_utils.cpython-312-x86_64-linux-gnu.so"])
+                                    f"{folder}/__grp__softcap_ce_fwd.json", "LAUNCHER/cuda_utils.so"])
 
+    module = (triton_cache("a") / "LAUNCHER" / "cuda_utils.so").read_bytes()
     b = triton_cache("b")
     assert triton_bundle.unpack(payload, b) == 4
+    assert (b / "LAUNCHER" / "cuda_utils.so").read_bytes() == module
     group = get_cache_manager(HASH).get_group("softcap_ce_fwd.json")  # Triton's own lookup, in b
     assert group is not None and set(group) == {"softcap_ce_fwd.cubin", "softcap_ce_fwd.json"}
     assert all(p.startswith(str(b)) for p in group.values())

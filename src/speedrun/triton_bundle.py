@@ -4,8 +4,8 @@
 writes by hand (the soft-capped CE, the ReLU² MLP, the transposes, the optimisers' kernels, ...). On a
 machine whose Triton cache is empty each of those is compiled again at its first launch, inside the
 cold start. `speedrun warm` therefore also packs the Triton cache folders of every speedrun kernel this
-process compiled or loaded, with the folders of Triton's compiled host modules (the `.so` files its
-launchers need), into one tar; a run that loads the portable cache unpacks it into Triton's cache before
+process compiled or loaded, with the folders of the compiled host modules it loaded from Triton's cache
+(the `.so` files of Triton's driver utilities and launchers), into one tar; a run that loads the portable cache unpacks it into Triton's cache before
 anything launches.
 
 Triton names each folder by a hash of everything that shapes the binary (Triton's version and sources,
@@ -80,11 +80,22 @@ def kernel_folders(root: Path) -> list[Path]:
     return sorted(folders)
 
 
-def module_folders(root: Path) -> list[Path]:
-    """Cache folders holding a compiled host module (`*.so`): Triton's driver utilities and launchers."""
-    if not root.is_dir():
+def module_folders(root: Path, maps: Path = Path("/proc/self/maps")) -> list[Path]:
+    """The cache folders of the compiled host modules (`*.so`: Triton's driver utilities, its launchers)
+    this process has loaded, read from the process's memory maps (Linux; elsewhere none). A cache shared
+    with other projects holds many more; only these are needed."""
+    try:
+        lines = maps.read_text().splitlines()
+    except OSError:
         return []
-    return sorted(p for p in root.iterdir() if p.is_dir() and any(p.glob("*.so")))
+    root = root.resolve()
+    folders = set()
+    for line in lines:
+        fields = line.split(maxsplit=5)  # address, perms, offset, device, inode[, path]
+        path = Path(fields[5]) if len(fields) == 6 else None
+        if path is not None and path.suffix == ".so" and path.parent.parent == root:
+            folders.add(path.parent)
+    return sorted(folders)
 
 
 def pack(folders: list[Path]) -> bytes:
