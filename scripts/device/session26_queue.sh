@@ -7,9 +7,14 @@
 #             caches with the portable cache on (a fresh machine that has the files): port-a and port-b with
 #             <key>.bin and <key>.triton (speedrun's own Triton kernels), port-c with <key>.bin alone;
 #             log q-portable.log [all.done]
-#   full      restore the kept shards; two proxy212 runs on the strict caches [full.done]
+#   tune      (after portable, same machine) A/B rounds on one cache: the default against Inductor's
+#             autotuning of its pointwise and reduction kernels (max_autotune_pointwise=true: the best
+#             configuration is cached across processes, unlike coordinate descent's on torch 2.11) and against
+#             aggressive_fusion=true; log q-tune.log [tune.done]
+#   full      restore the kept shards; two proxy212 runs on the strict caches, with the extra arguments in
+#             $TRAIN_EXTRA_FILE when set [full.done]
 #   wait S [D [LOG]]  as session18_queue.sh's
-# Carry [".proxy"] without shard 4 for portable, then [".proxy"] with shard 4 alone for full, at once after.
+# Carry [".proxy"] without shard 4 for portable (and tune), then [".proxy"] with shard 4 alone for full, at once after.
 set -u
 source scripts/device/common.sh
 PORT_HOME=/tmp/speedrun-home
@@ -45,9 +50,16 @@ portable_queue() {
   summaries
 }
 
+tune_queue() {
+  bytecode_on
+  ab_rounds strict "1 2" default "" map "--set train.inductor_options=max_autotune_pointwise=true"
+  AB_CACHE=strict ab_shared aggr1 --set train.inductor_options=aggressive_fusion=true
+}
+
 case "${1:-}" in
   portable) check_start; logged q-portable.log portable_queue ;;
+  tune) rm -f "$RES"/tune.done; ( export CUDA_VISIBLE_DEVICES=0; tune_queue; touch "$RES/tune.done" ) > "$RES/q-tune.log" 2>&1 ;;
   full) full_pair ;;
   wait) follow_and_collect "${2:-560}" "$RES/${3:-all}.done" "$RES/${4:-q.log}"; exit $? ;;
-  *) echo "usage: $0 portable | full | wait SECONDS [DONE-NAME [LOG]]" >&2; exit 2 ;;
+  *) echo "usage: $0 portable | tune | full | wait SECONDS [DONE-NAME [LOG]]" >&2; exit 2 ;;
 esac
