@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import subprocess
 import sys
 import re
@@ -266,6 +267,62 @@ def test_load_for_run_logs_status(fake_torch_cache, monkeypatch):
     assert lines[0] == f"compile cache: none ({key})" and lines[1] == f"compile cache: loaded {key}"
 
 
+def test_miss_names_the_nearest_file_and_what_differs(fake_torch_cache):
+    cfg = get_preset("demo")
+    parts = compile_cache.key_parts(cfg, "cpu", 1)
+    older = {**parts, "torch": "2.11.0+cu130"}  # one field off: an upgrade of torch
+    far = {**parts, "torch": "2.11.0+cu130", "sources": "0" * 64, "world_size": 8,
+           "config": {**parts["config"], "train": {**parts["config"]["train"], "seq_len": 64}}}
+    for parts_, preset in ((older, "demo"), (far, "record")):
+        key = compile_cache.key_from_parts(parts_)
+        compile_cache.save(key)
+        compile_cache.save_record(key, parts_, preset, ["train.steps=3"])
+    lines = []
+    assert compile_cache.load_for_run(cfg, "cpu", 1, lines.append).startswith("none (")
+    near = compile_cache.key_from_parts(older)
+    assert lines[1] == (f"compile cache: nearest file {near} (demo) was made for another setup: "
+                        f"torch '2.11.0+cu130' (this run: '{torch.__version__}')"), lines
+    assert compile_cache.differences(parts, far) == [
+        f"config.train.seq_len 64 (this run: {parts['config']['train']['seq_len']})",
+        "sources (another version of speedrun's code)", f"torch '2.11.0+cu130' (this run: '{torch.__version__}')",
+        "world_size 8 (this run: 1)"]
+    compile_cache.save(compile_cache.key_from_parts(parts))  # a hit names nothing else
+    lines.clear()
+    assert compile_cache.load_for_run(cfg, "cpu", 1, lines.append).startswith("loaded")
+    assert len(lines) == 1
+
+
+def test_records_survive_damage_and_old_files(fake_torch_cache):
+    compile_cache.save("old")  # saved before records existed
+    compile_cache.save("bad")
+    compile_cache.record_path("bad").write_text("{not json")
+    entries = {e["key"]: e for e in compile_cache.stored()}
+    assert set(entries) == {"old", "bad"} and entries["old"]["record"] is None and entries["bad"]["record"] is None
+    assert compile_cache.nearest_miss(compile_cache.key_parts(get_preset("demo"), "cpu", 1)) is None
+    assert not list(compile_cache.cache_dir().glob(".*.tmp"))
+
+
+def test_cache_command_lists_files_and_checks_a_preset(fake_torch_cache, capsys):
+    from speedrun.cli import main
+
+    cfg = get_preset("demo")
+    parts = compile_cache.key_parts(cfg, "cpu", 1)
+    key = compile_cache.key_from_parts(parts)
+    compile_cache.save(key)
+    compile_cache.save_record(key, parts, "demo", ["train.steps=3"])
+    assert main(["cache", "--preset", "demo"]) == 0
+    out = capsys.readouterr().out
+    assert "1 file(s)" in out and f"| {key} | demo --set train.steps=3 |" in out
+    assert f"| {torch.__version__} |" in out and "| 1 |" in out
+    assert f"demo on this machine (cpu {platform.machine()}, world size 1): key {key}: stored; a run loads it" in out
+    assert main(["cache", "--preset", "demo", "--world-size", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "no file; `speedrun warm --preset demo` makes one" in out
+    assert f"nearest file {key} (demo) was made for another setup: world_size 1 (this run: 2)" in out
+    assert main(["cache", "--preset", "no-such-preset"]) != 0
+    assert "no-such-preset" in capsys.readouterr().err
+
+
 def test_cache_degrades_without_torch_support(tmp_path, monkeypatch):
     monkeypatch.setenv("SPEEDRUN_HOME", str(tmp_path))
     monkeypatch.delattr(torch.compiler, "save_cache_artifacts")
@@ -338,6 +395,12 @@ def test_warm_then_run_loads_cache(tmp_path, monkeypatch, capsys):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a valid file loads without any warning
         assert compile_cache.read_file(files[0]) is not None
+    record = compile_cache.read_record(compile_cache.record_path(files[0].stem))
+    assert record["preset"] == "demo" and record["key"] == files[0].stem
+    assert compile_cache.key_from_parts(record["parts"]) == files[0].stem  # the record is the key's parts
+    check = ["cache", "--preset", "demo"] + [a for o in TINY + ["train.compile=regional"] for a in ("--set", o)]
+    assert main(check) == 0
+    assert f"key {files[0].stem}: stored; a run loads it" in capsys.readouterr().out
     torch._dynamo.reset()
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor-fresh"))  # a fresh machine's
     rc = main(tiny_args("--steps", "2", "--repeats", "1", "--warmup", "1", "--set", "train.compile=regional"))

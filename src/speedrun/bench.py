@@ -854,12 +854,14 @@ def run_warm(args) -> dict:
         key = compile_cache.cache_key(cfg, session.device, W)
         path = compile_cache.save(key) if session.is_main else None
         kernels = compile_cache.save_triton(key) if path else None  # speedrun's own, beside torch's
+        parts = compile_cache.key_parts(cfg, session.device, W)
+        if path:  # what the files were made for, readable by `speedrun cache` and a run that misses
+            compile_cache.save_record(key, parts, args.preset, list(args.overrides))
         _barrier()
         return {"key": key, "path": str(path) if path else None, "bytes": path.stat().st_size if path else 0,
                 "triton_path": str(kernels) if kernels else None,
                 "triton_bytes": kernels.stat().st_size if kernels else 0,
-                "first_step_s": first_s, "warmup_s": warm_s, "loaded": tr.compile_cache,
-                "parts": compile_cache.key_parts(cfg, session.device, W)}
+                "first_step_s": first_s, "warmup_s": warm_s, "loaded": tr.compile_cache, "parts": parts}
     finally:
         session.close()
 

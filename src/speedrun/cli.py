@@ -27,6 +27,7 @@ COMMAND_MODULES = [
     "speedrun.hellaswag",  # eval hellaswag
     "speedrun.tensorboard_log",  # tensorboard
     "speedrun.bench",  # bench | warm
+    "speedrun.cache_cli",  # cache
 ]
 
 

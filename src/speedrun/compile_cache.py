@@ -49,6 +49,7 @@ import struct
 import sys
 import tarfile
 import warnings
+from datetime import datetime, timezone
 from functools import lru_cache
 from pathlib import Path
 
@@ -170,6 +171,11 @@ def triton_path(key: str) -> Path:
     return cache_dir() / f"{key}.triton"
 
 
+def record_path(key: str) -> Path:
+    """What `key`'s files were made for, readable (`save_record`)."""
+    return cache_dir() / f"{key}.json"
+
+
 # ---------------------------------------------------------------- file format
 
 
@@ -275,6 +281,82 @@ def load_triton(key: str) -> int:
         return 0
 
 
+# ---------------------------------------------------------------- what each file was made for
+#
+# The key is a hash, so a folder of caches says nothing about itself. `speedrun warm` writes the
+# key's parts beside the files; `speedrun cache` lists them, and a run that finds no file for its
+# key names the nearest one and what differs (a torch upgrade, changed sources, another world size).
+
+
+def save_record(key: str, parts: dict, preset: str | None = None, overrides: list[str] | None = None) -> Path:
+    """`<key>.json`: the key's parts, the preset and overrides it was warmed with, and when."""
+    record = {"key": key, "preset": preset, "overrides": list(overrides or []),
+              "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "parts": parts}
+    path = record_path(key)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(record, indent=1, sort_keys=True, default=str) + "\n")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def read_record(path: Path) -> dict | None:
+    """A record written by `save_record`, or None when it is missing or unreadable."""
+    try:
+        record = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(record, dict) and isinstance(record.get("parts"), dict) and isinstance(record.get("key"), str)
+    return record if ok else None
+
+
+def stored() -> list[dict]:
+    """One entry per `<key>.bin` in the cache folder: key, sizes, and its record (None for files
+    saved before records were written)."""
+    folder = cache_dir()
+    if not folder.is_dir():
+        return []
+    entries = []
+    for path in sorted(folder.glob("*.bin")):
+        key = path.stem
+        triton = triton_path(key)
+        entries.append({"key": key, "bytes": path.stat().st_size,
+                        "triton_bytes": triton.stat().st_size if triton.is_file() else 0,
+                        "record": read_record(record_path(key))})
+    return entries
+
+
+def differences(here: dict, there: dict, prefix: str = "") -> list[str]:
+    """The dotted fields where `there` (a file's parts) differs from `here` (this run's), as text."""
+    out = []
+    for name in sorted(set(here) | set(there)):
+        a, b = here.get(name), there.get(name)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += differences(a, b, f"{prefix}{name}.")
+        elif a != b:
+            field = f"{prefix}{name}"
+            out.append(f"{field} (another version of speedrun's code)" if field == "sources"
+                       else f"{field} {b!r} (this run: {a!r})")
+    return out
+
+
+def nearest_miss(parts: dict) -> str | None:
+    """For a run whose key has no file: the stored file whose parts differ from `parts` in the fewest
+    fields, and those fields, as one line; None when no stored file has a record."""
+    here = key_from_parts(parts)
+    parts = json.loads(json.dumps(parts, default=str))  # as a record holds them: tuples become lists
+    found = [(differences(parts, e["record"]["parts"]), e) for e in stored()
+             if e["record"] is not None and e["key"] != here]
+    if not found:
+        return None
+    diffs, entry = min(found, key=lambda f: len(f[0]))
+    preset = entry["record"].get("preset")
+    shown = "; ".join(diffs[:4]) + (f"; and {len(diffs) - 4} more" if len(diffs) > 4 else "")
+    return f"nearest file {entry['key']}{f' ({preset})' if preset else ''} was made for another setup: {shown}"
+
+
 class SourceKeyPass:
     """A post-grad graph pass that does nothing and whose `uuid()` is speedrun's source hash.
 
@@ -325,16 +407,22 @@ def _source_key_pass_class():
 
 
 def load_for_run(cfg, device: torch.device | str, world_size: int = 1, log=print) -> str:
-    """At the start of a compiled run: load the matching cache if present; log and return the status."""
+    """At the start of a compiled run: load the matching cache if present; log and return the status.
+    On a miss, a second line names the nearest stored file and what it was made for instead."""
+    hint = None
     if not available():
         status = "unavailable (this torch has no save/load_cache_artifacts)"
     elif not enabled():
         status = f"off ({ENV_SWITCH})"
     else:
-        key = cache_key(cfg, device, world_size)
+        parts = key_parts(cfg, device, world_size)
+        key = key_from_parts(parts)
         status = f"loaded {key}" if load(key) else f"none ({key})"
         if status.startswith("loaded") and triton_path(key).is_file():
             status += f" (+ speedrun's Triton kernels: {load_triton(key)} files written)"
+        hint = None if status.startswith("loaded") or log is None else nearest_miss(parts)
     if log is not None:
         log(f"compile cache: {status}")
+        if hint:
+            log(f"compile cache: {hint}")
     return status

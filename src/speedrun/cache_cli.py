@@ -1,0 +1,86 @@
+"""`speedrun cache`: what the portable compile caches in `$SPEEDRUN_HOME/compile/` were made for.
+
+A cache file is named by a hash of everything that could make it wrong for a run
+(`compile_cache.key_parts`), so a folder of them says nothing about itself, and a run
+that finds none for its key only prints that key. `speedrun warm` therefore writes each
+key's parts beside its files (`<key>.json`); this command lists them and, for a preset,
+says which file this machine would load, or which stored file comes nearest and what
+differs (a torch or Triton upgrade, another GPU, changed speedrun sources, another
+world size or config). Files saved before the records existed are listed without one.
+Listing reads only small files; nothing here imports the compiler.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from speedrun import compile_cache
+
+
+def _size(b: int) -> str:
+    return f"{b / 2**20:.2f} MiB" if b else "-"
+
+
+def table(entries: list[dict]) -> list[str]:
+    """One markdown row per stored file."""
+    rows = ["| key | preset | made (UTC) | torch | Triton | device | world size | artifacts | speedrun's kernels |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for e in entries:
+        r = e["record"] or {}
+        p = r.get("parts", {})
+        preset = str(r.get("preset") or "-")
+        if r.get("overrides"):
+            preset += " " + " ".join(f"--set {o}" for o in r["overrides"])
+        cells = [e["key"], preset, r.get("created", "no record"), p.get("torch", "-"), p.get("triton", "-"),
+                 p.get("device", "-"), str(p.get("world_size", "-")), _size(e["bytes"]), _size(e["triton_bytes"])]
+        rows.append("| " + " | ".join(str(c) for c in cells) + " |")
+    return rows
+
+
+def this_machine(preset: str, overrides: list[str], world_size: int) -> list[str]:
+    """Which stored file a run of `preset` on this machine would load, or the nearest and what differs."""
+    import torch
+
+    from speedrun.config import apply_overrides
+    from speedrun.presets import get_preset
+
+    cfg = apply_overrides(get_preset(preset), list(overrides))
+    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    parts = compile_cache.key_parts(cfg, device, world_size)
+    key = compile_cache.key_from_parts(parts)
+    head = f"{preset} on this machine ({parts['device']}, world size {world_size}): key {key}"
+    if compile_cache.cache_path(key).is_file():
+        return [f"{head}: stored; a run loads it"]
+    hint = compile_cache.nearest_miss(parts)
+    return [f"{head}: no file; `speedrun warm --preset {preset}` makes one"] + ([hint] if hint else [])
+
+
+def cmd_cache(args) -> int:
+    folder = compile_cache.cache_dir()
+    entries = compile_cache.stored()
+    print(f"compile caches in {folder}: {len(entries)} file(s)")
+    if entries:
+        print("\n".join(table(entries)))
+    if args.preset:
+        print("\n".join(this_machine(args.preset, args.overrides, args.world_size)))
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "cache", help="list the portable compile caches and what each was made for",
+        description="List the files `speedrun warm` saved under $SPEEDRUN_HOME/compile/ with the torch, Triton, "
+                    "GPU, preset and world size each was made for. With --preset, say which file a run of that "
+                    "preset on this machine loads, or the nearest file and what differs. Remove a file by "
+                    "deleting <key>.bin, <key>.triton and <key>.json.")
+    p.add_argument("--preset", help="also check this preset against the stored files")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                   help="config overrides of the run to check, as in train (repeatable)")
+    p.add_argument("--world-size", type=_positive, default=1, help="processes of the run to check (default 1)")
+    p.set_defaults(func=cmd_cache)
+
+
+def _positive(value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"a whole number of processes, at least 1, not {value!r}")
+    return int(value)
