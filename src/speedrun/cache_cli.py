@@ -56,13 +56,10 @@ def this_machine(preset: str, overrides: list[str], world_size: int) -> list[str
 
 
 def cmd_cache(args) -> int:
-    folder = compile_cache.cache_dir()
+    check = this_machine(args.preset, args.overrides, args.world_size) if args.preset else []  # bad input first
     entries = compile_cache.stored()
-    print(f"compile caches in {folder}: {len(entries)} file(s)")
-    if entries:
-        print("\n".join(table(entries)))
-    if args.preset:
-        print("\n".join(this_machine(args.preset, args.overrides, args.world_size)))
+    print(f"compile caches in {compile_cache.cache_dir()}: {len(entries)} file(s)")
+    print("\n".join((table(entries) if entries else []) + check))
     return 0
 
 
