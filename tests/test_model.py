@@ -177,3 +177,47 @@ def test_gate_kernel_field_is_validated():
     from model_helpers import assert_field_validated
 
     assert_field_validated("model.gate_kernel", "inline", "fused")
+
+
+def _lambdas_seen(model, tok, tgt):
+    """Loss, the scalars' gradient, and the λ pair each attention layer was handed, by layer."""
+    seen, handles = {}, []
+    for i, block in enumerate(model.blocks):
+        if block.attn is not None:
+            handles.append(block.attn.register_forward_pre_hook(lambda mod, args, i=i: seen.__setitem__(i, args[2])))
+    model.zero_grad()
+    loss = model(tok, tgt, torch.tensor(2))
+    loss.backward()
+    for h in handles:
+        h.remove()
+    return loss.detach(), model.scalars.grad.clone(), seen
+
+
+def test_attention_lambdas_reach_every_layer_16_byte_aligned(monkeypatch):
+    """Inductor marks a custom op's outputs unaligned when one of its inputs is a view at an offset it
+    cannot prove a multiple of 16 bytes; the λ pairs handed to `attn_inputs` were such views for every
+    second layer, and FlexAttention then read that layer's q, k, v without its divisibility hints. Each
+    pair must arrive 16-byte aligned, with the values, loss and gradients of the plain slices."""
+    from speedrun import model as model_mod
+    from speedrun.model import scalar_layout
+
+    cfg = tiny()
+    torch.manual_seed(0)
+    model = GPT(cfg.model, cfg.attention)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.05)
+        model.scalars.uniform_(0.5, 1.5)
+    tok, tgt = torch.randint(0, 50257, (256,)), torch.randint(0, 50257, (256,))
+    loss, grad, seen = _lambdas_seen(model, tok, tgt)
+    attn = model.scalars.detach()[scalar_layout(cfg.model.num_layers)["attn"]]
+    assert sorted(seen) == [i for i, b in enumerate(model.blocks) if b.attn is not None] and len(seen) >= 2
+    for i, lam in seen.items():
+        assert lam.storage_offset() * lam.element_size() % 16 == 0, f"layer {i}"
+        assert torch.equal(lam.detach(), attn[2 * i: 2 * i + 2])
+    assert grad[scalar_layout(cfg.model.num_layers)["attn"]].abs().sum() > 0
+
+    monkeypatch.setattr(model_mod, "aligned_pairs", lambda v: v.view(-1, 2))  # the plain slices
+    loss_plain, grad_plain, seen_plain = _lambdas_seen(model, tok, tgt)
+    assert any(lam.storage_offset() * lam.element_size() % 16 for lam in seen_plain.values())
+    assert torch.equal(loss, loss_plain) and torch.equal(grad, grad_plain)

@@ -106,6 +106,18 @@ class Rotary(nn.Module):
         return torch.cat((y1, y2), dim=-1).type_as(x)
 
 
+def aligned_pairs(v: Tensor) -> Tensor:
+    """(2n,) -> (n, 4): pair i in row i's first two columns, so that every pair starts at a 16-byte boundary.
+
+    Inductor marks all outputs of a custom op as unaligned when any input is a view at an offset it
+    cannot prove to be a multiple of 16 bytes, and the kernels that read those outputs lose their
+    divisibility hints. The attention λ pairs are such inputs of `attn_inputs` (slices of the one
+    float32 `scalars` vector, at 8-byte steps): every second layer's FlexAttention forward then ran
+    1.5-2 times slower on an H200 (the twenty-eighth session's profile). The copy is one tiny kernel a
+    forward; the values, and the gradients (pad's backward is a slice), are the same."""
+    return F.pad(v.view(-1, 2), (0, 2))
+
+
 def _linear(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
     return F.linear(x, w.type_as(x), None if b is None else b.type_as(x))
 
@@ -359,7 +371,8 @@ class GPT(nn.Module):
         ve = [v.to(dtype)[None] for v in looked_up[1:]]
         x = x0 = self.embed_tokens(tokens, pos, dtype, looked_up[0])[None]
         lay = scalar_layout(self.cfg.num_layers)
-        skips_w, block_l, attn_l = self.scalars[lay["skip"]], self.scalars[lay["block"]], self.scalars[lay["attn"]]
+        skips_w, block_l = self.scalars[lay["skip"]], self.scalars[lay["block"]]
+        attn_l = aligned_pairs(self.scalars[lay["attn"]])  # attn_l[i, :2]: layer i's λ, 16-byte aligned
         L, n_skip = self.cfg.num_layers, self.cfg.num_layers // 2 if self.cfg.unet else 0
         stack, v_first = [], []
         for i, block in enumerate(self.blocks):
@@ -369,7 +382,7 @@ class GPT(nn.Module):
             bl = block_l[2 * i : 2 * i + 2] if self.cfg.x0_lambdas else None
             vei = ve[vi] if vi is not None else v_first[0] if v_first else None
             keep = v_first if self.cfg.value_residual and not v_first else None
-            x = block(x, x0, vei, bl, attn_l[2 * i : 2 * i + 2], rope, masks, self.is_long(i), keep)
+            x = block(x, x0, vei, bl, attn_l[i, :2], rope, masks, self.is_long(i), keep)
             if i < n_skip:
                 stack.append(x)
         return self.final_norm(x)
