@@ -526,3 +526,73 @@ def test_gpu_model_loss_and_grads_same_with_either_kernel(cuda):
     assert abs(results["triton"][0].item() - results["torch"][0].item()) < 1e-2 * abs(results["torch"][0].item())
     for a, b in zip(results["triton"][1], results["torch"][1]):
         assert ((a.float() - b.float()).norm() / b.float().norm()).item() < 3e-2
+
+
+@pytest.mark.gpu
+def test_gpu_compiled_model_keeps_custom_op_outputs_aligned(cuda):
+    """Inductor assumes every output of a custom op unaligned when one of its inputs is a view at an offset
+    it cannot prove a multiple of 16 bytes, and the kernels reading those outputs (FlexAttention's forward
+    among them) then lose their divisibility hints: every second layer's attention ran 1.5-2 times slower
+    until the λ pairs were laid out 16-byte aligned (model.aligned_pairs). The generated code of the
+    compiled forward and backward must assume no custom op's output unaligned."""
+    from torch._inductor.utils import run_and_get_code
+
+    from speedrun.config import AttentionConfig
+    from speedrun.flex_tiles import use_sparse_block
+    from speedrun.model import GPT
+
+    # two layers: the λ section starts at float 6, so the plain slice for layer 0 sat at byte 24
+    cfg = ModelConfig(num_layers=2, value_embeds=1, model_dim=768, num_heads=6, head_dim=128, mlp_hidden=512,
+                      vocab_size=1000, no_attn_layers=(), long_layers=(0,), fp8_head=False, qk_kernel="triton")
+    attn_cfg = AttentionConfig()
+    use_sparse_block(attn_cfg.sparse_block, attn_cfg.block_size, cuda)
+    torch.manual_seed(0)
+    model = GPT(cfg, attn_cfg).to(cuda)
+    model.attention_backend = "flex"
+    model.rotary.build_table(2048)
+    tok = torch.randint(0, 1000, (2048,), device=cuda)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True)
+
+    def step():
+        compiled(tok, torch.roll(tok, -1), torch.tensor(4, device=cuda), torch.bfloat16).backward()
+
+    _, code = run_and_get_code(step)
+    text = "\n".join(code)
+    assert "torch.ops.speedrun.attn_inputs.default" in text and "attn_inputs_backward" in text
+    assert "is assumed to be not aligned" not in text
+
+
+_ALIGNMENT_SCRIPT = r"""
+import json, re, sys, torch
+from torch._inductor.utils import run_and_get_code
+from speedrun import model as model_mod
+from speedrun.config import AttentionConfig, ModelConfig
+from speedrun.model import GPT
+if sys.argv[1] == "plain":  # the λ pairs as plain slices of the scalars, as before the twenty-eighth session
+    model_mod.aligned_pairs = lambda v: v.view(-1, 2)
+cfg = ModelConfig(num_layers=2, value_embeds=1, model_dim=64, num_heads=2, head_dim=32, mlp_hidden=128,
+                  vocab_size=1000, no_attn_layers=(), long_layers=(0,), fp8_head=False, qk_kernel="triton")
+torch.manual_seed(0)
+model = GPT(cfg, AttentionConfig())
+model.rotary.build_table(256)
+tok = torch.randint(0, 1000, (256,))
+compiled = torch.compile(model, fullgraph=True)
+with torch.no_grad():
+    _, code = run_and_get_code(lambda: compiled(tok, torch.roll(tok, -1), torch.tensor(2), torch.float32))
+text = "\n".join(code)
+ops = re.findall(r"# buffer \w+ \(op: ([\w.]+)\) is assumed to be not aligned", text)
+print("RESULT " + json.dumps({"calls": text.count("torch.ops.speedrun.attn_inputs.default("), "unaligned": ops}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pairs", ["aligned", "plain"])
+def test_interpreted_compiled_forward_keeps_attn_inputs_outputs_aligned(pairs):
+    """The CPU side of the GPU test above (Triton interpreted, so that the custom op is in the graph; about
+    40 s each): with the model's λ pairs Inductor assumes no output of `attn_inputs` unaligned; with the
+    plain slices it did, for the layer whose pair sat at byte 24."""
+    out = run_interpreted(_ALIGNMENT_SCRIPT, pairs, timeout=600)
+    assert out["calls"] == 2
+    flagged = [op for op in out["unaligned"] if op.startswith("torch.ops.speedrun.")]
+    assert (flagged == []) if pairs == "aligned" else ("torch.ops.speedrun.attn_inputs.default" in flagged)
