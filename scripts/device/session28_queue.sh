@@ -11,6 +11,8 @@
 #           `aligned_pairs` undone by sed), two rounds on their own caches; then how many custom-op outputs
 #           each arm's generated code assumes unaligned [all.done, q.log]
 #   full2   restore the kept shards; two proxy212 runs on the aligned arm's caches [full.done, q-full.log]
+#   verify  for the next session: the GPU test of the generated code's alignment, then a profiled bench and
+#           flex_layers.py (every layer's FlexAttention forward should now be one kernel) [all.done, q.log]
 #   full    the default pair of proxy212 runs (common.sh's full_pair) [full.done, q-full.log]
 #   wait S [D [LOG]]  follow until $RES/D.done or S seconds; tar results into $OUT
 # Carry [".proxy"] (shards 1-3 and val): `ab` reads random tokens and keeps the shards for `full`.
@@ -41,7 +43,7 @@ flex_queue() {
     [ "$(stat -c %s "$f")" -lt 4000000 ] && cp "$f" "$OUT/kernels/$(basename "$f")"; done
   ls -la "$OUT/kernels" | head -30
   rm -f "$RES/prof.txt.trace.json.gz"
-  (cd scripts/device && python3 flex_layout_bench.py ../../.proxy) 2>&1 | grep -v Warning
+  [ -n "${NO_LAYOUT:-}" ] || (cd scripts/device && python3 flex_layout_bench.py ../../.proxy) 2>&1 | grep -v Warning
 }
 
 ab2_queue() {
@@ -66,7 +68,9 @@ case "${1:-}" in
   ab2) check_start; ( ab2_queue; touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
   full2) restore_proxy; bytecode_on
     ( train 0 full-a ab28new; train 0 full-b ab28new; summaries; touch "$RES/full.done" ) > "$RES/q-full.log" 2>&1 ;;
+  verify) check_start; ( gpu_tests aligned 600 tests/test_attn_inputs.py -k aligned; NO_LAYOUT=1 flex_queue
+    touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
   full) full_pair ;;
   wait) follow_and_collect "${2:-560}" "$RES/${3:-all}.done" "$RES/${4:-q.log}"; exit $? ;;
-  *) echo "usage: $0 ab | flex | ab2 | full2 | full | wait SECONDS [DONE-NAME [LOG]]" >&2; exit 2 ;;
+  *) echo "usage: $0 ab | flex | ab2 | full2 | verify | full | wait SECONDS [DONE-NAME [LOG]]" >&2; exit 2 ;;
 esac
