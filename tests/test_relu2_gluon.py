@@ -19,7 +19,8 @@ def _gluon():
     return G
 
 
-@pytest.mark.parametrize("epilogue,b_nk", [(R.STORE_H_AND_A, True), (R.STORE_A, True), (R.DRELU2, False)])
+@pytest.mark.parametrize("epilogue,b_nk", [(R.STORE_H_AND_A, True), (R.STORE_A, True), (R.DRELU2, False),
+                                           (R.DRELU2_FROM_A, False)])
 def test_compiles_for_hopper_without_spills(epilogue, b_nk):
     """Every variant compiles for sm_90 with no local memory (spills) and fits the H200's 227 KB of
     shared memory per block; 12 warps (two consumer warpgroups and the epilogue's)."""
@@ -90,10 +91,14 @@ def test_gpu_matches_triton_kernel_and_epilogue_math(cuda, M, K, N):
         else:
             launch(x, w1, h, a, R.STORE_H_AND_A, True)
             launch(gy, w2, hb, gh, R.DRELU2, False)
-        outs[name] = (h, a, gh)
+        ga = torch.empty_like(gh)  # the same g with relu(h) recovered from a
+        ab = torch.relu(hb).square()
+        (launch or (lambda *t: R.launch(*t, R.parse_options("GLUON=0")["bwd"])))(gy, w2, ab, ga, R.DRELU2_FROM_A, False)
+        outs[name] = (h, a, gh, ga)
     torch.cuda.synchronize()
     h_ref = x @ w1.T
-    refs = (h_ref, _epilogue_reference(h_ref), _epilogue_reference(gy @ w2, h_ref))
-    for got, tri, ref, what in zip(outs["gluon"], outs["triton"], refs, ("h", "a", "g")):
+    g_ref = _epilogue_reference(gy @ w2, h_ref)
+    refs = (h_ref, _epilogue_reference(h_ref), g_ref, g_ref)
+    for got, tri, ref, what in zip(outs["gluon"], outs["triton"], refs, ("h", "a", "g", "g from a")):
         assert torch.equal(got, tri), (what, (got != tri).float().mean().item())
         assert torch.equal(got, ref), (what, (got != ref).float().mean().item())

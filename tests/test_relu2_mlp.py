@@ -43,6 +43,8 @@ _INTERPRETED = textwrap.dedent(r'''
         a_only = torch.empty_like(a)
         R.launch(x, w1, torch.empty(0, dtype=torch.bfloat16), a_only, R.STORE_A, True, cfg["fwd"])
         R.launch(gy, w2, h, gh, R.DRELU2, False, cfg["bwd"])
+        gh_a = torch.empty_like(gh)
+        R.launch(gy, w2, a, gh_a, R.DRELU2_FROM_A, False, cfg["bwd"])
         hf = h.double()
         cases.append(dict(
             options=base + extra,
@@ -51,6 +53,8 @@ _INTERPRETED = textwrap.dedent(r'''
             a_zero=bool((a[h <= 0] == 0).all()), a_only_equal=bool(torch.equal(a_only, a)),
             gh_rel=rel(gh, torch.where(hf > 0, ga64 * 2 * hf, 0.0)),
             gh_zero=bool((gh[h <= 0] == 0).all()),
+            gh_a_rel=rel(gh_a, torch.where(hf > 0, ga64 * 2 * hf, 0.0)),
+            gh_a_zero=bool((gh_a[h <= 0] == 0).all()),
         ))
 
     # the op with autograd, eager and compiled, against the reference (float32 weights cast as the model does)
@@ -66,6 +70,13 @@ _INTERPRETED = textwrap.dedent(r'''
     y_k, g_k = run(lambda *t: mlp(*t, "triton"))
     y_r, g_r = run(lambda *t: mlp(*t, "torch"))
     y_c, g_c = run(torch.compile(lambda *t: mlp(*t, "triton"), fullgraph=True))
+    opts = base + ",FROM_A=0"
+    y_h, g_h = run(lambda *t: mlp(*t, "triton"))
+    opts = base
+    saved = {}
+    for o in (base, base + ",FROM_A=0"):
+        outs = torch.ops.speedrun.relu2_mlp(x, w1, w2, True, o)
+        saved[o] = [list(t.shape) for t in outs[1:]]
     with torch.no_grad():
         y_ng = mlp(xs, w1s, w2s, "triton")
     op = dict(
@@ -73,6 +84,8 @@ _INTERPRETED = textwrap.dedent(r'''
         grad_dtypes=[str(t.dtype) for t in g_k], shape=list(y_k.shape),
         compiled_equal=bool(torch.equal(y_c, y_k)) and all(torch.equal(a, b) for a, b in zip(g_c, g_k)),
         nograd_equal=bool(torch.equal(y_ng, y_k)),
+        from_h_rel=[rel(a, b.double()) for a, b in zip(g_h, g_k)], from_h_y_equal=bool(torch.equal(y_h, y_k)),
+        saved=saved,
     )
 
     # the model passes model.mlp_kernel and model.mlp_options down to the launch
@@ -113,6 +126,8 @@ def test_interpreted_products_and_epilogues(interpreted):
     for case in interpreted["cases"]:
         assert case["h_rel"] < slack and case["a_rel"] < slack and case["gh_rel"] < 2 * slack, case
         assert case["a_zero"] and case["gh_zero"] and case["a_only_equal"], case
+        # relu(h) recovered from a: the interpreter truncates the root's rounding too, hence the slack
+        assert case["gh_a_rel"] < 3 * slack and case["gh_a_zero"], case
 
 
 def test_interpreted_op_matches_reference(interpreted):
@@ -121,6 +136,28 @@ def test_interpreted_op_matches_reference(interpreted):
     assert op["grad_dtypes"] == ["torch.bfloat16", "torch.float32", "torch.float32"]
     assert op["y_rel"] < 0.03 and max(op["grad_rel"]) < 0.03, op
     assert op["compiled_equal"] and op["nograd_equal"], op
+    # FROM_A (the default) saves a alone; FROM_A=0 saves h too; the two backwards agree
+    assert op["saved"] == {"BLOCK_M=32,BLOCK_N=64,BLOCK_K=32": [[0], [72, 256]],
+                           "BLOCK_M=32,BLOCK_N=64,BLOCK_K=32,FROM_A=0": [[72, 256], [72, 256]]}, op["saved"]
+    assert op["from_h_y_equal"] and max(op["from_h_rel"]) < 0.03, op
+
+
+def test_relu_recovered_from_its_square_exactly():
+    """FROM_A's premise, for every positive bfloat16 r: a = bf16(r²) (float32 square, one rounding, as the
+    reference and the kernel compute it) gives back r = bf16(sqrt(a)) exactly wherever r² is a normal
+    finite bfloat16, i.e. 2⁻⁶³ <= r < 2⁶⁴, even from a root off by 2⁻¹¹ relative (the kernels use the
+    approximate square root, relative error ~2⁻²²); outside that range it does not hold."""
+    r = torch.arange(1, 0x7F80, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)  # 0 < r < inf
+    a = (r.float() * r.float()).bfloat16()
+    inside = torch.isfinite(a.float()) & (a.float() >= 2.0 ** -126)
+    assert r[inside].float().min().item() == 2.0 ** -63
+    assert r[inside].float().max().item() == (2 - 2 ** -7) * 2.0 ** 63
+    root = a[inside].float().sqrt()
+    for scale in (1.0, 1 - 2 ** -11, 1 + 2 ** -11):
+        assert torch.equal((root * scale).bfloat16(), r[inside]), scale
+    assert not torch.equal(a[~inside].float().sqrt().bfloat16(), r[~inside])
+    zero = torch.zeros(1, dtype=torch.bfloat16)
+    assert (zero.float() * zero.float()).bfloat16().float().sqrt().item() == 0.0
 
 
 def test_model_options_reach_the_launch(interpreted):
@@ -142,7 +179,9 @@ def test_choice_options_and_validation():
     opts = R.parse_options("BLOCK_N=128,bwd.num_stages=4")
     assert opts["fwd"]["BLOCK_N"] == opts["bwd"]["BLOCK_N"] == 128
     assert opts["bwd"]["num_stages"] == 4 and opts["fwd"]["num_stages"] == R.KERNEL_CONFIG["fwd"]["num_stages"]
-    for bad in ["BLOCK_Q=1", "side.BLOCK_N=64", "BLOCK_N=big", "BLOCK_N", "BLOCK_N=96", "EPI_SPLIT=3", "H_PTR=2"]:
+    assert opts["fwd"]["FROM_A"] == 1 and R.parse_options("FROM_A=0")["fwd"]["FROM_A"] == 0
+    for bad in ["BLOCK_Q=1", "side.BLOCK_N=64", "BLOCK_N=big", "BLOCK_N", "BLOCK_N=96", "EPI_SPLIT=3", "H_PTR=2",
+                "FROM_A=2"]:
         with pytest.raises(ValueError, match="mlp kernel option"):
             R.parse_options(bad)
     assert_field_validated("model.mlp_kernel", "triton", "fast")
@@ -163,15 +202,18 @@ def test_gpu_kernel_at_record_size(cuda):
     w2 = ((torch.rand(D, F, device="cuda") * 2 - 1) * F ** -0.5).requires_grad_()
     gy = (torch.randn(M, D, device="cuda") * 1e-3).bfloat16()
 
-    def grads(impl):
-        y = R.relu2_mlp(x, w1.type_as(x), w2.type_as(x), impl)
+    def grads(impl, options=""):
+        y = R.relu2_mlp(x, w1.type_as(x), w2.type_as(x), impl, options)
         return (y, *torch.autograd.grad(y, (x, w1, w2), gy))
 
-    for got, ref in zip(grads("triton"), grads("torch")):
+    kernel = grads("triton")
+    for got, ref in zip(kernel, grads("torch")):
         assert got.dtype == ref.dtype and got.shape == ref.shape
         rel = ((got.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
         assert rel < 1e-2, rel
         assert (got != ref).float().mean().item() < 0.2
+    for got, from_h in zip(kernel, grads("triton", "FROM_A=0")):  # relu(h) from a: the same bits
+        assert torch.equal(got, from_h)
 
     h_ref = x.detach() @ w1.bfloat16().T
     h, a = torch.empty_like(h_ref), torch.empty_like(h_ref)
@@ -184,3 +226,7 @@ def test_gpu_kernel_at_record_size(cuda):
     want = torch.where(h > 0, ga * 2 * h.float(), 0.0)
     assert (gh[h <= 0] == 0).all()
     assert ((gh.float() - want).abs() <= want.abs() * 2 ** -7 + 1e-9).all()
+    for gluon in (1, 0):  # relu(h) recovered from a, in the Gluon and the Triton kernel: g bit for bit
+        gh_a = torch.empty_like(h)
+        R.launch(gy, w2.bfloat16().detach(), a, gh_a, R.DRELU2_FROM_A, False, R.parse_options(f"GLUON={gluon}")["bwd"])
+        assert torch.equal(gh_a, gh), gluon

@@ -3,7 +3,8 @@
 Same products and epilogues as `speedrun.relu2_mlp` (`launch` has its meaning and epilogue codes):
 
 - forward (STORE_H_AND_A / STORE_A): P = x fc_wᵀ, p = bf16(P); h = p, a = bf16(relu(p)²);
-- backward (DRELU2): P = g_y proj_w, p = bf16(P); g = bf16(p · 2h where h > 0, else 0).
+- backward (DRELU2): P = g_y proj_w, p = bf16(P); g = bf16(p · 2h where h > 0, else 0);
+  DRELU2_FROM_A: the same with h = bf16(sqrt(a)) from the saved a (relu2_mlp's docstring: exact).
 
 Why another kernel: the plain-Triton one is ~75 us (forward) and ~113 us (backward) a call slower
 than cuBLAS's bare product at the record's shape because its epilogue (stores of 128 x 256 tiles, and
@@ -75,17 +76,21 @@ import warnings
 import torch
 from torch import Tensor
 
-from speedrun.relu2_mlp import DRELU2, STORE_A, STORE_H_AND_A
+from speedrun.relu2_mlp import DRELU2, DRELU2_FROM_A, STORE_A, STORE_H_AND_A
 
 # Per direction. MAXNREG: registers a thread at launch (12 warps x 32 x 168 = 64,512 of the SM's 65,536);
 # EPI_REGS: what the epilogue warpgroup keeps after `setmaxnreg` (the consumer warpgroups get the rest,
 # (12 x 168 - 4 x EPI_REGS) / 8 rounded down to 8: 184). SUB_N: the epilogue's column slice. Chosen by
-# the compile check (no spills; 120 epilogue registers spill in the backward), not yet timed.
+# the compile check (no spills; 120 epilogue registers spill in the backward), not yet timed. bwd_a: the
+# backward with relu(h) from a (DRELU2_FROM_A); its square roots need more epilogue registers (at 128 and
+# 136 ptxas spills a few to the stack, Triton 3.9's ptxas), so the consumers keep 176.
 GLUON_CONFIG = {
     "fwd": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "SUB_N": 64, "GROUP_M": 8, "STAGES": 3,
             "EPI_WARPS": 4, "EPI_REGS": 128, "MAXNREG": 168},
     "bwd": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "SUB_N": 64, "GROUP_M": 8, "STAGES": 3,
             "EPI_WARPS": 4, "EPI_REGS": 128, "MAXNREG": 168},
+    "bwd_a": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "SUB_N": 64, "GROUP_M": 8, "STAGES": 3,
+              "EPI_WARPS": 4, "EPI_REGS": 152, "MAXNREG": 168},
 }
 NUM_WARPS = 8  # the default (consumer) partition: two warpgroups
 
@@ -93,6 +98,7 @@ _KERNEL = None
 gluon = gl = tma = mbarrier = fence_async_shared = warpgroup_mma = warpgroup_mma_wait = None
 tma_load = tma_store = None  # TMA copies: Triton 3.6's async_copy_* names, async_load/async_store from 3.7 on
 _tile_coords = _tile_origin = _issue_load = _shared_state = _mma_partition = _epilogue_fwd = _epilogue_bwd = _load_h = None
+_relu_of = None
 
 
 def available() -> bool:
@@ -121,6 +127,7 @@ def _build():
     Gluon modules through this module's globals, where the code generator looks them up."""
     global _KERNEL, gluon, gl, tma, mbarrier, fence_async_shared, warpgroup_mma, warpgroup_mma_wait, tma_load, tma_store
     global _tile_coords, _tile_origin, _issue_load, _shared_state, _mma_partition, _epilogue_fwd, _epilogue_bwd, _load_h
+    global _relu_of
     if _KERNEL is not None:
         return _KERNEL
     from triton.experimental import gluon as _gluon
@@ -261,10 +268,20 @@ def _build():
         return gl.load(ptrs, mask=ok, other=0.0)
 
     @gluon.jit
+    def _relu_of(h, FROM_A: gl.constexpr):
+        """h; with FROM_A (h holds a), relu(h) = bf16(sqrt(a)): the approximate root is exact enough
+        (relu2_mlp's docstring)."""
+        if FROM_A:
+            r = gl.inline_asm_elementwise("sqrt.approx.ftz.f32 $0, $1;", "=r,r", [h.to(gl.float32)],
+                                          dtype=gl.float32, is_pure=True, pack=1)
+            return r.to(gl.bfloat16)
+        return h
+
+    @gluon.jit
     def _epilogue_bwd(h_ptr, out_desc, e_buf, acc_ready, acc_free, M, N,
-                      GROUP_M: gl.constexpr, EPI_WARPS: gl.constexpr):
+                      FROM_A: gl.constexpr, GROUP_M: gl.constexpr, EPI_WARPS: gl.constexpr):
         """g = bf16(p · 2h where h > 0, else 0) slice by slice; h loaded one slice ahead, the first
-        slice's before waiting for the accumulator."""
+        slice's before waiting for the accumulator. FROM_A: h_ptr holds a, and h = bf16(sqrt(a))."""
         BM: gl.constexpr = e_buf.shape[0]
         BN: gl.constexpr = e_buf.shape[1]
         SUB: gl.constexpr = out_desc.block_type.shape[1]
@@ -273,7 +290,7 @@ def _build():
         t = 0
         for tile in range(gl.program_id(0), gl.cdiv(M, BM) * gl.cdiv(N, BN), gl.num_programs(0)):
             off_m, off_n = _tile_origin(tile, M, N, BM, BN, GROUP_M)
-            h = _load_h(h_ptr, off_m, off_n, M, N, BM, SUB, layout)
+            h = _relu_of(_load_h(h_ptr, off_m, off_n, M, N, BM, SUB, layout), FROM_A)
             mbarrier.wait(acc_ready, t & 1)
             for j in gl.static_range(SPLIT):
                 if j + 1 < SPLIT:
@@ -285,8 +302,8 @@ def _build():
                 part.store(g.to(gl.bfloat16))
                 fence_async_shared()
                 tma_store(out_desc, [off_m, off_n + j * SUB], part)
-                if j + 1 < SPLIT:
-                    h = h_next
+                if j + 1 < SPLIT:  # the root here, with this slice's registers free (no spills)
+                    h = _relu_of(h_next, FROM_A)
             tma.store_wait(0)
             mbarrier.arrive(acc_free)
             t += 1
@@ -315,13 +332,14 @@ def _build():
                          GROUP_M: gl.constexpr, STAGES: gl.constexpr, EPI_WARPS: gl.constexpr,
                          EPI_REGS: gl.constexpr, num_warps: gl.constexpr):
         """P = A B (A (M, K); B (N, K) if B_NK else (K, N)) tile by tile, epilogue by EPILOGUE
-        (0 h and a, 1 g from h, 2 a only: relu2_mlp's codes). Persistent: grid <= tiles."""
+        (0 h and a, 1 g from h, 2 a only, 3 g from a: relu2_mlp's codes). Persistent: grid <= tiles."""
         a_bufs, b_bufs, e_buf, ready, acc_ready, acc_free = _shared_state(a_desc, b_desc, out_desc, BLOCK_N, STAGES)
-        if EPILOGUE == 1:
+        if EPILOGUE % 2 == 1:
             gl.warp_specialize([
                 (_mma_partition, (a_desc, b_desc, a_bufs, b_bufs, e_buf, ready, acc_ready, acc_free, h_ptr, M, N, K,
                                   B_NK, GROUP_M, False, num_warps)),
-                (_epilogue_bwd, (h_ptr, out_desc, e_buf, acc_ready, acc_free, M, N, GROUP_M, EPI_WARPS)),
+                (_epilogue_bwd, (h_ptr, out_desc, e_buf, acc_ready, acc_free, M, N, EPILOGUE == 3, GROUP_M,
+                                 EPI_WARPS)),
             ], [EPI_WARPS], [EPI_REGS])
         else:
             gl.warp_specialize([
@@ -338,6 +356,11 @@ def _build():
 def config(direction: str, cfg: dict | None = None) -> dict:
     """GLUON_CONFIG[direction] with `cfg`'s entries over it."""
     return {**GLUON_CONFIG[direction], **(cfg or {})}
+
+
+def direction(epilogue: int) -> str:
+    """The GLUON_CONFIG entry of an epilogue code."""
+    return {DRELU2: "bwd", DRELU2_FROM_A: "bwd_a"}.get(epilogue, "fwd")
 
 
 def descriptor_layouts(cfg: dict, b_nk: bool):
@@ -382,15 +405,16 @@ def try_launch(a: Tensor, b: Tensor, h: Tensor, out: Tensor, epilogue: int, b_nk
 
 def launch(a: Tensor, b: Tensor, h: Tensor, out: Tensor, epilogue: int, b_nk: bool,
            cfg: dict | None = None) -> None:
-    """out (and h) from P = a @ (b.T if b_nk else b) with `epilogue` (STORE_H_AND_A, DRELU2, STORE_A);
-    all bfloat16, contiguous, on a Hopper GPU; h (0,)-shaped with STORE_A. cfg: GLUON_CONFIG entries
-    to override (default: the direction's, "bwd" for DRELU2, else "fwd")."""
-    if epilogue not in (STORE_H_AND_A, DRELU2, STORE_A):
+    """out (and h) from P = a @ (b.T if b_nk else b) with `epilogue` (STORE_H_AND_A, DRELU2, STORE_A,
+    DRELU2_FROM_A with the saved a passed as h); all bfloat16, contiguous, on a Hopper GPU; h
+    (0,)-shaped with STORE_A. cfg: GLUON_CONFIG entries to override (default: `direction`'s)."""
+    if epilogue not in (STORE_H_AND_A, DRELU2, STORE_A, DRELU2_FROM_A):
         raise ValueError(f"relu2_gluon.launch: unknown epilogue {epilogue}")
     kernel = _build()
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    cfg = config("bwd" if epilogue == DRELU2 else "fwd", cfg)
+    backward = epilogue in (DRELU2, DRELU2_FROM_A)
+    cfg = config(direction(epilogue), cfg)
     M, K = a.shape
     N = b.shape[0] if b_nk else b.shape[1]
     if not M:
@@ -402,7 +426,7 @@ def launch(a: Tensor, b: Tensor, h: Tensor, out: Tensor, epilogue: int, b_nk: bo
     out_desc = TensorDescriptor.from_tensor(out, [bm, sub], c_l)
     h_store = h if epilogue == STORE_H_AND_A else out
     h_desc = TensorDescriptor.from_tensor(h_store, [bm, sub], c_l)
-    h_ptr = h if epilogue == DRELU2 else out
+    h_ptr = h if backward else out
     tiles = -(-M // bm) * -(-N // bn)
     progs = min(tiles, _sm_count(a.device.index if a.device.index is not None else torch.cuda.current_device()))
     kernel[(progs,)](a_desc, b_desc, h_desc, out_desc, h_ptr, M, N, K,
@@ -424,7 +448,7 @@ def compile_offline(epilogue: int, b_nk: bool, cfg: dict | None = None):
     from triton.experimental.gluon._runtime import GluonASTSource
 
     kernel = _build()
-    cfg = config("bwd" if epilogue == DRELU2 else "fwd", cfg)
+    cfg = config(direction(epilogue), cfg)
     a_l, b_l, c_l = descriptor_layouts(cfg, b_nk)
     bm, bn, bk, sub = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["SUB_N"]
     consts = dict(kernel_constexprs(epilogue, b_nk, cfg), num_warps=NUM_WARPS)

@@ -12,11 +12,24 @@ each, with the pass in the epilogue while the accumulator tile is still in
 registers:
 
 - forward: h = x W1ᵀ, rounded to bfloat16 as cuBLAS would write it, then
-  a = relu(h)² from that bfloat16 h; the kernel stores h (for the backward)
-  and a (the next product's input), or only a without a gradient;
+  a = relu(h)² from that bfloat16 h; the kernel stores a (the next
+  product's input, which the backward keeps anyway for W2's gradient), and
+  h too only with FROM_A=0;
 - backward: dL/da = dL/dy W2, rounded to bfloat16, then
-  dL/dh = dL/da · 2·relu(h) where h > 0 and 0 elsewhere, with h loaded in
-  the epilogue; dL/da is never written.
+  dL/dh = dL/da · 2·relu(h) where h > 0 and 0 elsewhere, with relu(h)
+  recovered from a in the epilogue (or h loaded, FROM_A=0); dL/da is never
+  written.
+
+Why a alone is enough (FROM_A, the default since the twenty-ninth session):
+for a bfloat16 r = relu(h), a = bf16(r²) and bf16(sqrt(a)) = r exactly (IEEE
+square root, round to nearest even) for every r with 2⁻⁶³ <= r < 2⁶⁴, and
+r = 0 gives a = 0; a CPU test checks all 32,640 positive bfloat16 values.
+Outside that range (0 < relu(h) < 1.1e-19, where r² underflows, or r² = inf)
+the recovered value differs; the backward's dL/dh there is below 2.2e-19
+|dL/da| instead of a value of that size, or inf where the forward already
+overflowed. The forward then stores half the bytes and the backward reads
+the same number, and autograd keeps one (tokens x 3,072) tensor a layer
+instead of two.
 
 The other products (y = a W2ᵀ and the three weight and input gradients)
 stay cuBLAS calls inside the ops. The function is the compiled reference's:
@@ -68,14 +81,18 @@ from speedrun.kernel_choice import TRITON_FOUND, built_once, pick_impl
 # GLUON: on a compute-capability-9.0 GPU, the warp-specialised Gluon kernel (relu2_gluon.py: its epilogue
 # on separate warps, overlapping the next tile's products) in place of this one. Fourteenth session on
 # an H200, bit-equal outputs: backward 478.7 -> 408.3 us, forward 394.8 -> 395.2 us; so the backward only.
+# FROM_A (read by the forward; the backward follows what the forward saved): save only a and recover
+# relu(h) from it in the backward's epilogue (module docstring); 0 saves h as well, as before.
 KERNEL_CONFIG = {
     "fwd": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "EPI_SPLIT": 2, "PERSISTENT": 1,
-            "H_PTR": 0, "WARP_SPEC": 0, "GLUON": 0, "num_stages": 4, "num_warps": 8},
+            "H_PTR": 0, "WARP_SPEC": 0, "GLUON": 0, "FROM_A": 1, "num_stages": 4, "num_warps": 8},
     "bwd": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "EPI_SPLIT": 2, "PERSISTENT": 1,
-            "H_PTR": 1, "WARP_SPEC": 0, "GLUON": 1, "num_stages": 3, "num_warps": 8},
+            "H_PTR": 1, "WARP_SPEC": 0, "GLUON": 1, "FROM_A": 1, "num_stages": 3, "num_warps": 8},
 }
 KEYS = tuple(KERNEL_CONFIG["fwd"])
-STORE_H_AND_A, DRELU2, STORE_A = 0, 1, 2  # the kernel's epilogues
+# The kernel's epilogues: even codes are the forward's, odd the backward's. DRELU2_FROM_A: DRELU2 with
+# relu(h) = bf16(sqrt(a)) from the saved a in place of h.
+STORE_H_AND_A, DRELU2, STORE_A, DRELU2_FROM_A = 0, 1, 2, 3
 
 
 def reference(x: Tensor, fc_w: Tensor, proj_w: Tensor) -> Tensor:
@@ -99,9 +116,9 @@ def parse_options(text: str) -> dict[str, dict[str, int]]:
     for d, c in out.items():
         blocks = [c[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K")]
         if any(b < 16 or b & (b - 1) for b in blocks) or c["EPI_SPLIT"] not in (1, 2, 4) or any(
-                c[k] not in (0, 1) for k in ("PERSISTENT", "H_PTR", "WARP_SPEC", "GLUON")):
+                c[k] not in (0, 1) for k in ("PERSISTENT", "H_PTR", "WARP_SPEC", "GLUON", "FROM_A")):
             raise ValueError(f"mlp kernel options ({d}): BLOCK_M/N/K powers of two >= 16, EPI_SPLIT 1, 2 or 4, "
-                             f"PERSISTENT, H_PTR, WARP_SPEC and GLUON 0 or 1; got {c}")
+                             f"PERSISTENT, H_PTR, WARP_SPEC, GLUON and FROM_A 0 or 1; got {c}")
     return out
 
 
@@ -151,21 +168,29 @@ def relu2_mlp(x: Tensor, fc_w: Tensor, proj_w: Tensor, impl: str = "auto", optio
 @torch.library.custom_op("speedrun::relu2_mlp", mutates_args=())
 def relu2_mlp_op(x: Tensor, fc_w: Tensor, proj_w: Tensor, want_grad: bool, options: str
                  ) -> tuple[Tensor, Tensor, Tensor]:
-    """y (N, D), and what the backward needs: h and a (N, F), or (0,)-shaped without want_grad."""
+    """y (N, D), and what the backward needs: h and a (N, F); with FROM_A, h (0,)-shaped; without
+    want_grad, both (0,)-shaped."""
     cfg = parse_options(options)["fwd"]
-    N, F_ = x.shape[0], fc_w.shape[0]
-    a = x.new_empty((N, F_))
-    h = x.new_empty((N, F_) if want_grad else (0,))
-    launch(x, fc_w, h, a, STORE_H_AND_A if want_grad else STORE_A, b_nk=True, cfg=cfg)
+    h_shape, a_shape = _saved_shapes(x, fc_w, want_grad, cfg)
+    a = x.new_empty((x.shape[0], fc_w.shape[0]))
+    h = x.new_empty(h_shape)
+    launch(x, fc_w, h, a, STORE_H_AND_A if h.numel() else STORE_A, b_nk=True, cfg=cfg)
     y = a @ proj_w.T
-    return y, h, a if want_grad else x.new_empty((0,))
+    return y, h, a if want_grad else x.new_empty(a_shape)
+
+
+def _saved_shapes(x: Tensor, fc_w: Tensor, want_grad: bool, cfg: dict[str, int]) -> tuple[tuple, tuple]:
+    """The shapes of the forward's saved h and a: (N, F) each, h (0,) with FROM_A, both without a gradient."""
+    full = (x.shape[0], fc_w.shape[0])
+    if not want_grad:
+        return (0,), (0,)
+    return ((0,) if cfg["FROM_A"] else full), full
 
 
 @relu2_mlp_op.register_fake
 def _(x, fc_w, proj_w, want_grad, options):
-    N, F_ = x.shape[0], fc_w.shape[0]
-    saved = (N, F_) if want_grad else (0,)
-    return x.new_empty((N, proj_w.shape[0])), x.new_empty(saved), x.new_empty(saved)
+    h_shape, a_shape = _saved_shapes(x, fc_w, want_grad, parse_options(options)["fwd"])
+    return x.new_empty((x.shape[0], proj_w.shape[0])), x.new_empty(h_shape), x.new_empty(a_shape)
 
 
 def _setup_context(ctx, inputs, output):
@@ -189,10 +214,13 @@ relu2_mlp_op.register_autograd(_backward, setup_context=_setup_context)
 @torch.library.custom_op("speedrun::relu2_mlp_backward", mutates_args=())
 def relu2_mlp_backward(g_y: Tensor, x: Tensor, fc_w: Tensor, proj_w: Tensor, h: Tensor, a: Tensor, options: str
                        ) -> tuple[Tensor, Tensor, Tensor]:
-    """(dL/dx, dL/dfc_w, dL/dproj_w); dL/dh from the kernel (dL/dy proj_w with the ReLU² derivative)."""
+    """(dL/dx, dL/dfc_w, dL/dproj_w); dL/dh from the kernel (dL/dy proj_w with the ReLU² derivative,
+    relu(h) recovered from a where the forward saved no h)."""
     g_proj = g_y.T @ a
-    g_h = torch.empty_like(h)
-    launch(g_y, proj_w, h, g_h, DRELU2, b_nk=False, cfg=parse_options(options)["bwd"])
+    g_h = torch.empty_like(a)
+    from_a = h.numel() == 0
+    launch(g_y, proj_w, a if from_a else h, g_h, DRELU2_FROM_A if from_a else DRELU2, b_nk=False,
+           cfg=parse_options(options)["bwd"])
     return g_h @ fc_w, g_h.T @ x, g_proj
 
 
@@ -225,9 +253,9 @@ def _build_kernel(interpreted: bool):
     def _epilogue(acc, h_desc, h_ptr, out_desc, off_m, off_n, M, N, EPILOGUE: tl.constexpr,
                   H_PTR: tl.constexpr):
         """acc (float32) -> bfloat16 as a plain product would store it, then the ReLU² part. H_PTR: the
-        backward loads h with plain loads straight into registers (no shared-memory staging)."""
+        backward loads h (or a) with plain loads straight into registers (no shared-memory staging)."""
         p = acc.to(tl.bfloat16)
-        if EPILOGUE == 1:  # dL/dh = dL/da * 2 relu(h)
+        if EPILOGUE % 2 == 1:  # dL/dh = dL/da * 2 relu(h); DRELU2_FROM_A: h_desc/h_ptr hold a
             if H_PTR:
                 rows = off_m + tl.arange(0, acc.shape[0])
                 cols = off_n + tl.arange(0, acc.shape[1])
@@ -236,6 +264,8 @@ def _build_kernel(interpreted: bool):
                 hf = hf.to(tl.float32)
             else:
                 hf = h_desc.load([off_m, off_n]).to(tl.float32)
+            if EPILOGUE == 3:  # relu(h) = bf16(sqrt(a)), exact (module docstring)
+                hf = tl.sqrt(hf).to(tl.bfloat16).to(tl.float32)
             g = tl.where(hf > 0.0, p.to(tl.float32) * (2.0 * hf), 0.0)
             out_desc.store([off_m, off_n], g.to(tl.bfloat16))
         else:  # a = relu(h)^2 (and h itself for the backward)
@@ -322,8 +352,9 @@ def _capability(index: int) -> tuple[int, int]:
 
 
 def launch(a: Tensor, b: Tensor, h: Tensor, out: Tensor, epilogue: int, b_nk: bool, cfg: dict[str, int]) -> None:
-    """out (and h) from P = a @ (b.T if b_nk else b) with `epilogue` (STORE_H_AND_A, DRELU2, STORE_A);
-    all bfloat16 and contiguous, h (0,)-shaped with STORE_A. The Gluon kernel where `use_gluon` says."""
+    """out (and h) from P = a @ (b.T if b_nk else b) with `epilogue` (STORE_H_AND_A, DRELU2, STORE_A,
+    DRELU2_FROM_A with the saved a passed as h); all bfloat16 and contiguous, h (0,)-shaped with
+    STORE_A. The Gluon kernel where `use_gluon` says."""
     if use_gluon(a.device, cfg):
         from speedrun import relu2_gluon
         if relu2_gluon.try_launch(a, b, h, out, epilogue, b_nk):
