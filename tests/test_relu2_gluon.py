@@ -91,6 +91,10 @@ def test_gpu_matches_triton_kernel_and_epilogue_math(cuda, M, K, N):
         else:
             launch(x, w1, h, a, R.STORE_H_AND_A, True)
             launch(gy, w2, hb, gh, R.DRELU2, False)
+        if launch is not None:  # the forward without h (STORE_A), as `fwd.GLUON=1` runs it: the same a
+            a_only = torch.empty_like(a)
+            launch(x, w1, torch.empty(0, dtype=torch.bfloat16, device="cuda"), a_only, R.STORE_A, True)
+            assert torch.equal(a_only, a)
         ga = torch.empty_like(gh)  # the same g with relu(h) recovered from a
         ab = torch.relu(hb).square()
         (launch or (lambda *t: R.launch(*t, R.parse_options("GLUON=0")["bwd"])))(gy, w2, ab, ga, R.DRELU2_FROM_A, False)

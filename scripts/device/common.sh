@@ -37,8 +37,13 @@ caches() {  # caches NAME [fresh]: the environment of one run's own local compil
 }
 train() {  # train GPU RUN CACHE [fresh]: proxy212 into /tmp/runs/RUN, log $RES/RUN.log; extra
   # arguments (e.g. --set ...) from the file $TRAIN_EXTRA_FILE when that is set
-  local extra=""
+  local extra="" shards
   [ -n "${TRAIN_EXTRA_FILE:-}" ] && extra=$(cat "$TRAIN_EXTRA_FILE")
+  shards=$(ls .proxy/fineweb_train_*.bin 2>/dev/null | wc -l)
+  if [ "$shards" -lt 4 ]; then  # the twenty-ninth session's first pair ran on three and its data wrapped early
+    echo "[gpu$1] $(date +%T) not starting $2: $shards of the proxy's 4 training shards in .proxy (restore_proxy first)"
+    return 1
+  fi
   echo "[gpu$1] $(date +%T) start $2 (caches $3 ${4:-}) $extra"
   env $(caches "$3" "${4:-}") CUDA_VISIBLE_DEVICES=$1 python3 -m speedrun.train "${ARGS[@]}" $extra \
     --out "/tmp/runs/$2" > "$RES/$2.log" 2>&1; local rc=$?
@@ -193,4 +198,12 @@ suite_per_file() {  # the whole GPU suite on the current GPUs, one pytest per fi
       > "$RES/gpu-$name.log" 2>&1; rc=$?
     echo "$(date +%T) $f: exit $rc | $(tail -1 "$RES/gpu-$name.log")"
   done
+}
+
+flex_profile() {  # flex_profile CACHE: a profiled bench (3 steps) on fresh caches CACHE, prof.{txt,json,log} in
+  # $RES, then flex_layers.py on its Chrome trace (each FlexAttention call in layer order); the trace deleted
+  env $(caches "$1" fresh) python3 -m speedrun.cli bench --preset proxy212 --steps 3 --repeats 1 --warmup 2 \
+    --profile "$RES/prof.txt" --json "$RES/prof.json" > "$RES/prof.log" 2>&1
+  echo "bench: exit $? | $(grep -E 'ms/step|GPU clock|rror' "$RES/prof.log" | tr '\n' ' ')"
+  python3 scripts/device/flex_layers.py "$RES/prof.txt.trace.json.gz"
 }

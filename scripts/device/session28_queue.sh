@@ -34,10 +34,7 @@ ab_queue() {
 flex_queue() {
   bytecode_on
   local inductor=$C/flex/inductor
-  env $(caches flex fresh) python3 -m speedrun.cli bench --preset proxy212 --steps 3 --repeats 1 --warmup 2 \
-    --profile "$RES/prof.txt" --json "$RES/prof.json" > "$RES/prof.log" 2>&1
-  echo "bench: exit $? | $(grep -E 'ms/step|GPU clock|rror' "$RES/prof.log" | tr '\n' ' ')"
-  python3 scripts/device/flex_layers.py "$RES/prof.txt.trace.json.gz"
+  flex_profile flex
   mkdir -p "$OUT/kernels"
   grep -rl --include='*.py' -e 'triton_tem_fused.*flex_attention' "$inductor" | while read -r f; do
     [ "$(stat -c %s "$f")" -lt 4000000 ] && cp "$f" "$OUT/kernels/$(basename "$f")"; done

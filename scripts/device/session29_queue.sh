@@ -8,6 +8,8 @@
 #   ab      the ReLU² MLP saving a alone (model.mlp_options FROM_A=1, the new default) against saving h and a
 #           (FROM_A=0): the relu2 GPU tests, then A/B rounds of `speedrun bench` on one cache (no new bench
 #           starts after ${AB_BUDGET:-430} s) [all.done, q.log]
+#   gfwd    for the next session: the Gluon forward (fwd.GLUON=1, which now stores a alone) against the
+#           default Triton forward, A/B rounds on one cache, as `ab` [all.done, q.log]
 #   full1   restore the kept shards; one proxy212 run on the A/B's cache [full.done, q-full.log]
 #   full    the default pair of proxy212 runs (common.sh's full_pair) [full.done, q-full.log]
 #   wait S [D [LOG]]  follow until $RES/D.done or S seconds; tar results into $OUT
@@ -20,10 +22,7 @@ verify_queue() {
   clocks_log clocks.csv
   gpu_tests aligned 300 tests/test_attn_inputs.py -k aligned
   local inductor=$C/flex/inductor
-  env $(caches flex fresh) python3 -m speedrun.cli bench --preset proxy212 --steps 3 --repeats 1 --warmup 2 \
-    --profile "$RES/prof.txt" --json "$RES/prof.json" > "$RES/prof.log" 2>&1
-  echo "bench: exit $? | $(grep -E 'ms/step|GPU clock|rror' "$RES/prof.log" | tr '\n' ' ')"
-  python3 scripts/device/flex_layers.py "$RES/prof.txt.trace.json.gz"
+  flex_profile flex
   rm -f "$RES/prof.txt.trace.json.gz"
   python3 scripts/device/kernel_alignment.py "$inductor" --json "$RES/kernel-alignment.json"
   mkdir -p "$OUT/kernels"
@@ -57,11 +56,24 @@ ab_queue() {
   grep -H "set-up / first step\|peak mem" "$RES"/ab-*.log
 }
 
+gfwd_queue() {
+  bytecode_on
+  clocks_log clocks.csv
+  local start=$(date +%s) r
+  gpu_tests relu2 170 tests/test_relu2_gluon.py
+  for r in ${AB_ROUNDS:-1 2 3}; do
+    [ $(( $(date +%s) - start )) -lt "${AB_BUDGET:-430}" ] || { echo "$(date +%T) budget spent"; break; }
+    AB_CACHE=ab29g ab_shared "triton_fwd$r"
+    AB_CACHE=ab29g ab_shared "gluon_fwd$r" --set model.mlp_options=fwd.GLUON=1
+  done
+}
+
 case "${1:-}" in
   verify) check_start; ( verify_queue; touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
   ab) check_start; ( ab_queue; touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
+  gfwd) check_start; ( gfwd_queue; touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
   full1) restore_proxy; bytecode_on; ( train 0 full-a ab29; summaries; touch "$RES/full.done" ) > "$RES/q-full.log" 2>&1 ;;
   full) full_pair ;;
   wait) follow_and_collect "${2:-560}" "$RES/${3:-all}.done" "$RES/${4:-q.log}"; exit $? ;;
-  *) echo "usage: $0 verify | ab | full1 | full | wait SECONDS [DONE-NAME [LOG]]" >&2; exit 2 ;;
+  *) echo "usage: $0 verify | ab | gfwd | full1 | full | wait SECONDS [DONE-NAME [LOG]]" >&2; exit 2 ;;
 esac
