@@ -6,7 +6,8 @@ Shapes: 49,152 tokens x 768 -> 3,072 (one layer, one micro-step), bfloat16.
 1. The reference's pieces, compiled: the forward product + ReLU² (h and a out), the backward
    product + the derivative (dL/dh out), and cuBLAS's products alone.
 2. Launch sweep of `relu2_mlp.launch` (broad: tile shapes, stages, then the best two's grouping,
-   epilogue split and persistence; focused: around the broad sweep's best), forward (store h and a) and backward (dL/dh), each checked
+   epilogue split and persistence; focused: around the broad sweep's best), forward (store a; h too with
+   FROM_A=0) and backward (dL/dh, relu(h) from a; from h with FROM_A=0), each checked
    against the compiled reference (largest difference over the reference's largest value; share of
    elements that differ).
 3. The whole layer, compiled, forward + backward (torch.autograd.grad): reference against the op,
@@ -62,14 +63,18 @@ def variants(cfg):
 
 
 def run_one(direction, cfg, x, w1, g, w2, h_ref, a_ref, gh_ref):
+    """One launch timed and checked; with FROM_A (the default) as the model runs it: the forward stores a
+    alone and the backward recovers relu(h) from a."""
     out = torch.empty_like(h_ref)
+    from_a = cfg.get("FROM_A", R.KERNEL_CONFIG["fwd"]["FROM_A"])
     if direction == "fwd":
-        h = torch.empty_like(h_ref)
-        fn = lambda: R.launch(x, w1, h, out, R.STORE_H_AND_A, True, cfg)  # noqa: E731
+        h = torch.empty(0, dtype=h_ref.dtype, device=h_ref.device) if from_a else torch.empty_like(h_ref)
+        fn = lambda: R.launch(x, w1, h, out, R.STORE_A if from_a else R.STORE_H_AND_A, True, cfg)  # noqa: E731
         fn()
-        check = {"h": diff(h, h_ref), "a": diff(out, a_ref)}
+        check = {"a": diff(out, a_ref)} if from_a else {"h": diff(h, h_ref), "a": diff(out, a_ref)}
     else:
-        fn = lambda: R.launch(g, w2, h_ref, out, R.DRELU2, False, cfg)  # noqa: E731
+        saved, code = (a_ref, R.DRELU2_FROM_A) if from_a else (h_ref, R.DRELU2)
+        fn = lambda: R.launch(g, w2, saved, out, code, False, cfg)  # noqa: E731
         fn()
         check = {"gh": diff(out, gh_ref)}
     return {"cfg": cfg, "us": median_us(fn), "check": check}

@@ -10,6 +10,8 @@
 #           starts after ${AB_BUDGET:-430} s) [all.done, q.log]
 #   gfwd    for the next session: the Gluon forward (fwd.GLUON=1, which now stores a alone) against the
 #           default Triton forward, A/B rounds on one cache, as `ab` [all.done, q.log]
+#   sweep   for the next session: relu2_bench.py's focused launch sweep of the Triton kernels as they run now
+#           (the forward storing a alone, the backward from a) [all.done, q.log; relu2-sweep.json]
 #   full1   restore the kept shards; one proxy212 run on the A/B's cache [full.done, q-full.log]
 #   full    the default pair of proxy212 runs (common.sh's full_pair) [full.done, q-full.log]
 #   wait S [D [LOG]]  follow until $RES/D.done or S seconds; tar results into $OUT
@@ -72,8 +74,11 @@ case "${1:-}" in
   verify) check_start; ( verify_queue; touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
   ab) check_start; ( ab_queue; touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
   gfwd) check_start; ( gfwd_queue; touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
+  sweep) check_start; ( (cd scripts/device && timeout 450 python3 relu2_bench.py "$RES/relu2-sweep.json" \
+    "$RES/relu2-best.txt" focused) > "$RES/relu2-sweep.log" 2>&1; tail -3 "$RES/relu2-sweep.log"
+    touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
   full1) restore_proxy; bytecode_on; ( train 0 full-a ab29; summaries; touch "$RES/full.done" ) > "$RES/q-full.log" 2>&1 ;;
   full) full_pair ;;
   wait) follow_and_collect "${2:-560}" "$RES/${3:-all}.done" "$RES/${4:-q.log}"; exit $? ;;
-  *) echo "usage: $0 verify | ab | gfwd | full1 | full | wait SECONDS [DONE-NAME [LOG]]" >&2; exit 2 ;;
+  *) echo "usage: $0 verify | ab | gfwd | sweep | full1 | full | wait SECONDS [DONE-NAME [LOG]]" >&2; exit 2 ;;
 esac
