@@ -26,6 +26,8 @@ import torch
 
 M, K, N = 49152, 768, 3072
 RAGGED = [(1000, 200, 392), (77, 64, 264), (300, 136, 520)]  # (M, K, N); N, K multiples of 8
+# The A_TMA backward's ring shapes (relu2_gluon.GLUON_CONFIG `*_tma`: 2 stages of 64-wide k-steps) timed
+TMA_RINGS = {"k64x2": None, "k32x4": {"BLOCK_K": 32, "STAGES": 4}}
 
 
 # --------------------------------------------------------------------------- compile-only (CPU)
@@ -65,7 +67,7 @@ def ptx_checks(ptx: str) -> dict:
             "mbarrier_arrive": r"mbarrier\.arrive", "mbarrier_try_wait": r"mbarrier\.try_wait",
             "fence_proxy_async": r"fence\.proxy\.async", "bulk_wait_read": r"cp\.async\.bulk\.wait_group\.read",
             "bulk_wait": r"cp\.async\.bulk\.wait_group\s", "tma_store": r"cp\.async\.bulk\.tensor\.\dd\.global\.shared",
-            "tma_load": r"cp\.async\.bulk\.tensor\.\dd\.shared::cluster\.global", "wgmma": r"wgmma\.mma_async",
+            "tma_load": r"cp\.async\.bulk\.tensor\.\dd\.shared::(?:cluster|cta)\.global", "wgmma": r"wgmma\.mma_async",
             "local_mem": r"\.local"}
     out = {k: len(re.findall(p, ptx)) for k, p in pats.items()}
     out["setmaxnreg_values"] = sorted(set(re.findall(r"setmaxnreg\.(\w+)\.sync\.aligned\.u32\s+(\d+)", ptx)))
@@ -102,10 +104,12 @@ def inspect_compiled(name, k, dump=None, extra=""):
 def compile_only():
     from speedrun import relu2_gluon as G
 
-    variants = [("fwd_store_h_and_a", G.STORE_H_AND_A, True), ("fwd_store_a", G.STORE_A, True),
-                ("bwd_drelu2", G.DRELU2, False)]
+    variants = [("fwd_store_h_and_a", G.STORE_H_AND_A, True, None, False), ("fwd_store_a", G.STORE_A, True, None, False),
+                ("bwd_drelu2", G.DRELU2, False, None, False), ("bwd_from_a", G.DRELU2_FROM_A, False, None, False)]
+    variants += [(f"bwd_from_a_tma_{n}", G.DRELU2_FROM_A, False, cfg, True) for n, cfg in TMA_RINGS.items()]
     dump = os.environ.get("RELU2_GLUON_DUMP")  # a folder: write each variant's ttgir/ptx there
-    report = {name: inspect_compiled(name, compile_variant(epi, b_nk), dump) for name, epi, b_nk in variants}
+    report = {name: inspect_compiled(name, compile_variant(epi, b_nk, cfg, a_tma=tma), dump)
+              for name, epi, b_nk, cfg, tma in variants}
     ok = not any(r["spills"] or r["too_big"] for r in report.values())
     print("no spills, shared memory within the limit" if ok else "SPILLS OR TOO MUCH SHARED MEMORY")
     return report, ok
@@ -201,24 +205,43 @@ def device_bench(out_path):
         torch.cuda.synchronize()
     res["bwd_check"] = {"g": diff(g_g, g_t)}
 
+    # the backward from a (the default since the twenty-ninth session), and with a's tile loaded by TMA
+    a_saved = torch.relu(h).square()
+    g_a = torch.empty_like(g_g)
+    bwd_a = lambda: G.launch(g_y, proj_w, a_saved, g_a, G.DRELU2_FROM_A, False)  # noqa: E731
+    bwd_a()
+    tma_fns = {}
+    for name, cfg in TMA_RINGS.items():
+        out = torch.empty_like(g_g)
+        tma_fns[name] = lambda out=out, cfg=cfg: G.launch(g_y, proj_w, a_saved, out, G.DRELU2_FROM_A, False, cfg,
+                                                           a_tma=True)
+        tma_fns[name]()
+        torch.cuda.synchronize()
+        res.setdefault("bwd_a_tma_check", {})[name] = diff(out, g_a)
+    res["bwd_from_a_check"] = {"g_from_a_vs_g_from_h": diff(g_a, g_g)}
+
     # against cuBLAS's product + the torch epilogue (summation order differs from both kernels)
     h_ref, a_ref = epilogue_reference(x @ fc_w.T)
     res["fwd_vs_cublas"] = {"h": diff(h_g, h_ref), "a": diff(a_g, a_ref)}
     res["bwd_vs_cublas"] = {"g": diff(g_g, epilogue_reference(g_y @ proj_w, h))}
     del h_ref, a_ref
-    for key in ("fwd_check", "fwd_store_a_check", "bwd_check", "fwd_vs_cublas", "bwd_vs_cublas"):
+    for key in ("fwd_check", "fwd_store_a_check", "bwd_check", "bwd_from_a_check", "fwd_vs_cublas", "bwd_vs_cublas"):
         print(key, "(share differing, max abs diff)", _fmt(res[key]), flush=True)
     save()
 
     time = lambda fn: median_us(fn, reps=20, warmup=5)  # noqa: E731
     res["us"] = {"fwd_triton": time(fwd_t), "fwd_gluon": time(fwd_g), "fwd_gluon_store_a": time(fwd_ga),
                  "fwd_cublas": time(lambda: x @ fc_w.T), "bwd_triton": time(bwd_t), "bwd_gluon": time(bwd_g),
-                 "bwd_cublas": time(lambda: g_y @ proj_w)}
+                 "bwd_cublas": time(lambda: g_y @ proj_w), "bwd_gluon_from_a": time(bwd_a)}
+    res["us"].update({f"bwd_gluon_from_a_tma_{n}": time(fn) for n, fn in tma_fns.items()})
+    print("bwd_a_tma_check (share differing, max abs diff)", _fmt(res["bwd_a_tma_check"]), flush=True)
     save()
     us = res["us"]
     print(f"forward  us: triton {us['fwd_triton']:.1f}  gluon {us['fwd_gluon']:.1f} "
           f"(store_a {us['fwd_gluon_store_a']:.1f})  cublas {us['fwd_cublas']:.1f}")
     print(f"backward us: triton {us['bwd_triton']:.1f}  gluon {us['bwd_gluon']:.1f}  cublas {us['bwd_cublas']:.1f}")
+    print("backward from a us: gluon {:.1f}, a by TMA: {}".format(us["bwd_gluon_from_a"], ", ".join(
+        f"{n} {us['bwd_gluon_from_a_tma_' + n]:.1f}" for n in TMA_RINGS)))
 
 
 if __name__ == "__main__":

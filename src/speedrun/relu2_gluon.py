@@ -52,6 +52,15 @@ two: the consumers wait for the epilogue only if it takes longer than a tile's m
 the record's shape; the epilogue needs a few). Not overlapped: the consumers' own write of the
 accumulator to shared memory and the wgmma drain at each tile's end.
 
+A_TMA (backward only, off by default; thirtieth session, not yet run on a GPU): the epilogue brings the
+saved tensor's whole 128 x 256 tile into a second 64 KB buffer by TMA (four slice loads on one
+mbarrier) as soon as it starts the tile, i.e. while the consumers still compute it, and reads it from
+shared memory, in place of plain global loads one slice ahead. The backward from a costs ~470 us a call
+against cuBLAS's 318 (the forward, which loads nothing, 339), so the loads are the suspect. Its buffer
+leaves room for two ring stages of 64-wide k-steps (224 KB), or four of 32 (`BLOCK_K=32, STAGES=4`).
+Before each tile's loads every epilogue thread fences its reads of the buffer for the async proxy and the
+partition synchronises (a CPU test reads this in the PTX).
+
 Not ping-pong (two consumer warpgroups on alternate tiles, each with its own epilogue): that hides
 the accumulator write too, but each warpgroup then holds a whole tile's accumulator and its
 epilogue's operands (the backward's h) in its own registers, and the schedule needs ordering
@@ -84,13 +93,21 @@ from speedrun.relu2_mlp import DRELU2, DRELU2_FROM_A, STORE_A, STORE_H_AND_A
 # the compile check (no spills; 120 epilogue registers spill in the backward), not yet timed. bwd_a: the
 # backward with relu(h) from a (DRELU2_FROM_A); its square roots need more epilogue registers (at 128 and
 # 136 ptxas spills a few to the stack, Triton 3.9's ptxas), so the consumers keep 176.
+# A_TMA: the backward's epilogue brings the saved tensor's whole tile into shared memory by TMA as the
+# tile begins, while the consumers still compute it, in place of plain loads one slice ahead (`bwd_tma`,
+# `bwd_a_tma`; relu2_mlp's launch key A_TMA). Its 64 KB buffer leaves room for two ring stages of 64-wide
+# k-steps (or four of 32: BLOCK_K=32, STAGES=4); not yet timed.
 GLUON_CONFIG = {
     "fwd": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "SUB_N": 64, "GROUP_M": 8, "STAGES": 3,
-            "EPI_WARPS": 4, "EPI_REGS": 128, "MAXNREG": 168},
+            "EPI_WARPS": 4, "EPI_REGS": 128, "MAXNREG": 168, "A_TMA": 0},
     "bwd": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "SUB_N": 64, "GROUP_M": 8, "STAGES": 3,
-            "EPI_WARPS": 4, "EPI_REGS": 128, "MAXNREG": 168},
+            "EPI_WARPS": 4, "EPI_REGS": 128, "MAXNREG": 168, "A_TMA": 0},
     "bwd_a": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "SUB_N": 64, "GROUP_M": 8, "STAGES": 3,
-              "EPI_WARPS": 4, "EPI_REGS": 152, "MAXNREG": 168},
+              "EPI_WARPS": 4, "EPI_REGS": 152, "MAXNREG": 168, "A_TMA": 0},
+    "bwd_tma": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "SUB_N": 64, "GROUP_M": 8, "STAGES": 2,
+                "EPI_WARPS": 4, "EPI_REGS": 128, "MAXNREG": 168, "A_TMA": 1},
+    "bwd_a_tma": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "SUB_N": 64, "GROUP_M": 8, "STAGES": 2,
+                  "EPI_WARPS": 4, "EPI_REGS": 128, "MAXNREG": 168, "A_TMA": 1},
 }
 NUM_WARPS = 8  # the default (consumer) partition: two warpgroups
 
@@ -98,7 +115,7 @@ _KERNEL = None
 gluon = gl = tma = mbarrier = fence_async_shared = warpgroup_mma = warpgroup_mma_wait = None
 tma_load = tma_store = None  # TMA copies: Triton 3.6's async_copy_* names, async_load/async_store from 3.7 on
 _tile_coords = _tile_origin = _issue_load = _shared_state = _mma_partition = _epilogue_fwd = _epilogue_bwd = _load_h = None
-_relu_of = None
+_relu_of = _epilogue_bwd_tma = None
 
 
 def available() -> bool:
@@ -127,7 +144,7 @@ def _build():
     Gluon modules through this module's globals, where the code generator looks them up."""
     global _KERNEL, gluon, gl, tma, mbarrier, fence_async_shared, warpgroup_mma, warpgroup_mma_wait, tma_load, tma_store
     global _tile_coords, _tile_origin, _issue_load, _shared_state, _mma_partition, _epilogue_fwd, _epilogue_bwd, _load_h
-    global _relu_of
+    global _relu_of, _epilogue_bwd_tma
     if _KERNEL is not None:
         return _KERNEL
     from triton.experimental import gluon as _gluon
@@ -309,6 +326,39 @@ def _build():
             t += 1
 
     @gluon.jit
+    def _epilogue_bwd_tma(h_desc, out_desc, e_buf, h_buf, h_ready, acc_ready, acc_free, M, N,
+                          FROM_A: gl.constexpr, GROUP_M: gl.constexpr, EPI_WARPS: gl.constexpr):
+        """_epilogue_bwd with the saved tensor's tile (h, or a with FROM_A) TMA-loaded into h_buf as
+        the tile begins: one bulk load of BM x BN while the consumers still compute the tile, in place
+        of plain loads one slice ahead. Zero-filled outside the tensor, as the masked loads were."""
+        BM: gl.constexpr = e_buf.shape[0]
+        BN: gl.constexpr = e_buf.shape[1]
+        SUB: gl.constexpr = out_desc.block_type.shape[1]
+        SPLIT: gl.constexpr = BN // SUB
+        layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [EPI_WARPS, 1], [1, 0])
+        t = 0
+        for tile in range(gl.program_id(0), gl.cdiv(M, BM) * gl.cdiv(N, BN), gl.num_programs(0)):
+            off_m, off_n = _tile_origin(tile, M, N, BM, BN, GROUP_M)
+            # h_buf's reads of the last tile are done (the barrier before the last arrive): the async
+            # proxy may overwrite it
+            fence_async_shared()
+            mbarrier.expect(h_ready, SPLIT * h_desc.block_type.nbytes)
+            for j in gl.static_range(SPLIT):
+                tma_load(h_desc, [off_m, off_n + j * SUB], h_ready, h_buf.slice(j * SUB, SUB, 1))
+            mbarrier.wait(h_ready, t & 1)
+            mbarrier.wait(acc_ready, t & 1)
+            for j in gl.static_range(SPLIT):
+                hf = _relu_of(h_buf.slice(j * SUB, SUB, 1).load(layout), FROM_A).to(gl.float32)
+                part = e_buf.slice(j * SUB, SUB, 1)
+                p = part.load(layout).to(gl.float32)
+                part.store(gl.where(hf > 0.0, p * (2.0 * hf), 0.0).to(gl.bfloat16))
+                fence_async_shared()
+                tma_store(out_desc, [off_m, off_n + j * SUB], part)
+            tma.store_wait(0)
+            mbarrier.arrive(acc_free)
+            t += 1
+
+    @gluon.jit
     def _shared_state(a_desc, b_desc, out_desc, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
         """The operand ring (STAGES slots of A and B blocks), the bf16 epilogue buffer (a BLOCK_M x
         BLOCK_N tile) and the initialised barriers: `ready` per slot, `acc_ready`, `acc_free`."""
@@ -330,11 +380,23 @@ def _build():
     def _relu2_ws_kernel(a_desc, b_desc, h_desc, out_desc, h_ptr, M, N, K,
                          EPILOGUE: gl.constexpr, B_NK: gl.constexpr, BLOCK_N: gl.constexpr,
                          GROUP_M: gl.constexpr, STAGES: gl.constexpr, EPI_WARPS: gl.constexpr,
-                         EPI_REGS: gl.constexpr, num_warps: gl.constexpr):
+                         EPI_REGS: gl.constexpr, A_TMA: gl.constexpr, num_warps: gl.constexpr):
         """P = A B (A (M, K); B (N, K) if B_NK else (K, N)) tile by tile, epilogue by EPILOGUE
-        (0 h and a, 1 g from h, 2 a only, 3 g from a: relu2_mlp's codes). Persistent: grid <= tiles."""
+        (0 h and a, 1 g from h, 2 a only, 3 g from a: relu2_mlp's codes). Persistent: grid <= tiles.
+        A_TMA (backward): h_desc describes the saved tensor, loaded a tile at a time by TMA."""
         a_bufs, b_bufs, e_buf, ready, acc_ready, acc_free = _shared_state(a_desc, b_desc, out_desc, BLOCK_N, STAGES)
-        if EPILOGUE % 2 == 1:
+        if EPILOGUE % 2 == 1 and A_TMA:
+            h_buf = gl.allocate_shared_memory(gl.bfloat16, [a_desc.block_type.shape[0], BLOCK_N], h_desc.layout)
+            h_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+            mbarrier.init(h_ready, count=1)
+            fence_async_shared()
+            gl.warp_specialize([
+                (_mma_partition, (a_desc, b_desc, a_bufs, b_bufs, e_buf, ready, acc_ready, acc_free, h_ptr, M, N, K,
+                                  B_NK, GROUP_M, False, num_warps)),
+                (_epilogue_bwd_tma, (h_desc, out_desc, e_buf, h_buf, h_ready, acc_ready, acc_free, M, N,
+                                     EPILOGUE == 3, GROUP_M, EPI_WARPS)),
+            ], [EPI_WARPS], [EPI_REGS])
+        elif EPILOGUE % 2 == 1:
             gl.warp_specialize([
                 (_mma_partition, (a_desc, b_desc, a_bufs, b_bufs, e_buf, ready, acc_ready, acc_free, h_ptr, M, N, K,
                                   B_NK, GROUP_M, False, num_warps)),
@@ -358,9 +420,10 @@ def config(direction: str, cfg: dict | None = None) -> dict:
     return {**GLUON_CONFIG[direction], **(cfg or {})}
 
 
-def direction(epilogue: int) -> str:
-    """The GLUON_CONFIG entry of an epilogue code."""
-    return {DRELU2: "bwd", DRELU2_FROM_A: "bwd_a"}.get(epilogue, "fwd")
+def direction(epilogue: int, a_tma: bool = False) -> str:
+    """The GLUON_CONFIG entry of an epilogue code (a backward's with its saved tensor loaded by TMA)."""
+    name = {DRELU2: "bwd", DRELU2_FROM_A: "bwd_a"}.get(epilogue, "fwd")
+    return f"{name}_tma" if a_tma and name != "fwd" else name
 
 
 def descriptor_layouts(cfg: dict, b_nk: bool):
@@ -376,7 +439,8 @@ def descriptor_layouts(cfg: dict, b_nk: bool):
 def kernel_constexprs(epilogue: int, b_nk: bool, cfg: dict) -> dict:
     """The kernel's constexpr arguments (by name) for a launch configuration."""
     return {"EPILOGUE": epilogue, "B_NK": b_nk, "BLOCK_N": cfg["BLOCK_N"], "GROUP_M": cfg["GROUP_M"],
-            "STAGES": cfg["STAGES"], "EPI_WARPS": cfg["EPI_WARPS"], "EPI_REGS": cfg["EPI_REGS"]}
+            "STAGES": cfg["STAGES"], "EPI_WARPS": cfg["EPI_WARPS"], "EPI_REGS": cfg["EPI_REGS"],
+            "A_TMA": bool(cfg["A_TMA"])}
 
 
 @functools.lru_cache(maxsize=None)
@@ -384,37 +448,40 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-_FAILED: dict[int, str] = {}  # epilogue -> why its kernel could not be built in this process
+_FAILED: dict[tuple[int, bool], str] = {}  # (epilogue, a_tma) -> why its kernel could not be built here
 
 
-def try_launch(a: Tensor, b: Tensor, h: Tensor, out: Tensor, epilogue: int, b_nk: bool) -> bool:
-    """`launch`, or False (with one warning per epilogue) when the kernel cannot be compiled here.
+def try_launch(a: Tensor, b: Tensor, h: Tensor, out: Tensor, epilogue: int, b_nk: bool,
+               a_tma: bool = False) -> bool:
+    """`launch`, or False (with one warning per variant) when the kernel cannot be compiled here.
     Gluon is experimental: a Triton other than the 3.6 it was written and measured on may reject it,
     and the caller's Triton kernel computes the same bits. A failure is remembered for the process."""
-    if epilogue in _FAILED:
+    variant = (epilogue, bool(a_tma))
+    if variant in _FAILED:
         return False
     try:
-        launch(a, b, h, out, epilogue, b_nk)
+        launch(a, b, h, out, epilogue, b_nk, a_tma=a_tma)
     except Exception as e:  # noqa: BLE001 - any compile failure; CUDA errors resurface on the next op
-        _FAILED[epilogue] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
-        warnings.warn(f"relu2_gluon: the Gluon kernel (epilogue {epilogue}) failed here "
-                      f"({_FAILED[epilogue]}); using the Triton kernel", RuntimeWarning, stacklevel=2)
+        _FAILED[variant] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+        warnings.warn(f"relu2_gluon: the Gluon kernel (epilogue {epilogue}, a_tma {bool(a_tma)}) failed here "
+                      f"({_FAILED[variant]}); using the Triton kernel", RuntimeWarning, stacklevel=2)
         return False
     return True
 
 
 def launch(a: Tensor, b: Tensor, h: Tensor, out: Tensor, epilogue: int, b_nk: bool,
-           cfg: dict | None = None) -> None:
+           cfg: dict | None = None, a_tma: bool = False) -> None:
     """out (and h) from P = a @ (b.T if b_nk else b) with `epilogue` (STORE_H_AND_A, DRELU2, STORE_A,
     DRELU2_FROM_A with the saved a passed as h); all bfloat16, contiguous, on a Hopper GPU; h
-    (0,)-shaped with STORE_A. cfg: GLUON_CONFIG entries to override (default: `direction`'s)."""
+    (0,)-shaped with STORE_A. cfg: GLUON_CONFIG entries to override (default: `direction`'s, with
+    a_tma the backward's TMA-loading entry)."""
     if epilogue not in (STORE_H_AND_A, DRELU2, STORE_A, DRELU2_FROM_A):
         raise ValueError(f"relu2_gluon.launch: unknown epilogue {epilogue}")
     kernel = _build()
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     backward = epilogue in (DRELU2, DRELU2_FROM_A)
-    cfg = config(direction(epilogue), cfg)
+    cfg = config(direction(epilogue, a_tma), cfg)
     M, K = a.shape
     N = b.shape[0] if b_nk else b.shape[1]
     if not M:
@@ -424,7 +491,7 @@ def launch(a: Tensor, b: Tensor, h: Tensor, out: Tensor, epilogue: int, b_nk: bo
     a_desc = TensorDescriptor.from_tensor(a, [bm, bk], a_l)
     b_desc = TensorDescriptor.from_tensor(b, [bn, bk] if b_nk else [bk, bn], b_l)
     out_desc = TensorDescriptor.from_tensor(out, [bm, sub], c_l)
-    h_store = h if epilogue == STORE_H_AND_A else out
+    h_store = h if epilogue == STORE_H_AND_A or (backward and cfg["A_TMA"]) else out
     h_desc = TensorDescriptor.from_tensor(h_store, [bm, sub], c_l)
     h_ptr = h if backward else out
     tiles = -(-M // bm) * -(-N // bn)
@@ -440,7 +507,7 @@ def _sig_desc(layout, shape) -> str:
     return f"tensordesc<bf16[{shape[0]}, {shape[1]}],{layout!r}>"
 
 
-def compile_offline(epilogue: int, b_nk: bool, cfg: dict | None = None):
+def compile_offline(epilogue: int, b_nk: bool, cfg: dict | None = None, a_tma: bool = False):
     """Compile the kernel for sm_90 without a GPU (Triton's bundled ptxas); the CompiledKernel. The
     launcher's specialisations at the record's shape are assumed: aligned h, M, N, K multiples of 16."""
     import triton
@@ -448,7 +515,7 @@ def compile_offline(epilogue: int, b_nk: bool, cfg: dict | None = None):
     from triton.experimental.gluon._runtime import GluonASTSource
 
     kernel = _build()
-    cfg = config(direction(epilogue), cfg)
+    cfg = config(direction(epilogue, a_tma), cfg)
     a_l, b_l, c_l = descriptor_layouts(cfg, b_nk)
     bm, bn, bk, sub = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["SUB_N"]
     consts = dict(kernel_constexprs(epilogue, b_nk, cfg), num_warps=NUM_WARPS)

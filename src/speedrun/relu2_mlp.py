@@ -83,11 +83,16 @@ from speedrun.kernel_choice import TRITON_FOUND, built_once, pick_impl
 # an H200, bit-equal outputs: backward 478.7 -> 408.3 us, forward 394.8 -> 395.2 us; so the backward only.
 # FROM_A (read by the forward; the backward follows what the forward saved): save only a and recover
 # relu(h) from it in the backward's epilogue (module docstring); 0 saves h as well, as before.
+# A_TMA (read by the Gluon backward only): its epilogue loads the saved tensor a whole tile at a time by
+# TMA while the tile's products run, in place of plain loads one slice ahead (relu2_gluon.GLUON_CONFIG's
+# `*_tma` entries, two ring stages); written in the thirtieth session, not yet run on a GPU, so off.
 KERNEL_CONFIG = {
     "fwd": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "EPI_SPLIT": 2, "PERSISTENT": 1,
-            "H_PTR": 0, "WARP_SPEC": 0, "GLUON": 0, "FROM_A": 1, "num_stages": 4, "num_warps": 8},
+            "H_PTR": 0, "WARP_SPEC": 0, "GLUON": 0, "FROM_A": 1, "A_TMA": 0,
+            "num_stages": 4, "num_warps": 8},
     "bwd": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "EPI_SPLIT": 2, "PERSISTENT": 1,
-            "H_PTR": 1, "WARP_SPEC": 0, "GLUON": 1, "FROM_A": 1, "num_stages": 3, "num_warps": 8},
+            "H_PTR": 1, "WARP_SPEC": 0, "GLUON": 1, "FROM_A": 1, "A_TMA": 0,
+            "num_stages": 3, "num_warps": 8},
 }
 KEYS = tuple(KERNEL_CONFIG["fwd"])
 # The kernel's epilogues: even codes are the forward's, odd the backward's. DRELU2_FROM_A: DRELU2 with
@@ -116,9 +121,9 @@ def parse_options(text: str) -> dict[str, dict[str, int]]:
     for d, c in out.items():
         blocks = [c[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K")]
         if any(b < 16 or b & (b - 1) for b in blocks) or c["EPI_SPLIT"] not in (1, 2, 4) or any(
-                c[k] not in (0, 1) for k in ("PERSISTENT", "H_PTR", "WARP_SPEC", "GLUON", "FROM_A")):
+                c[k] not in (0, 1) for k in ("PERSISTENT", "H_PTR", "WARP_SPEC", "GLUON", "FROM_A", "A_TMA")):
             raise ValueError(f"mlp kernel options ({d}): BLOCK_M/N/K powers of two >= 16, EPI_SPLIT 1, 2 or 4, "
-                             f"PERSISTENT, H_PTR, WARP_SPEC, GLUON and FROM_A 0 or 1; got {c}")
+                             f"PERSISTENT, H_PTR, WARP_SPEC, GLUON, FROM_A and A_TMA 0 or 1; got {c}")
     return out
 
 
@@ -357,7 +362,7 @@ def launch(a: Tensor, b: Tensor, h: Tensor, out: Tensor, epilogue: int, b_nk: bo
     STORE_A. The Gluon kernel where `use_gluon` says."""
     if use_gluon(a.device, cfg):
         from speedrun import relu2_gluon
-        if relu2_gluon.try_launch(a, b, h, out, epilogue, b_nk):
+        if relu2_gluon.try_launch(a, b, h, out, epilogue, b_nk, a_tma=bool(cfg.get("A_TMA"))):
             return
     kernel = _build_kernel()
     from triton.tools.tensor_descriptor import TensorDescriptor

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Issue 4, for the thirty-first session: the Gluon backward whose epilogue loads a's tile by TMA (A_TMA).
+#   atma    the Gluon GPU tests (the A_TMA backward bit-equal to the default's at three shapes, both ring
+#           shapes); relu2_gluon_bench.py (per-call µs of the backward from a: plain loads against a by TMA
+#           with 2 x 64-wide and 4 x 32-wide ring stages) [relu2-gluon.json, relu2-gluon.log]; then, if the
+#           tests passed, A/B rounds of `speedrun bench` on one cache: the default against
+#           --set model.mlp_options=bwd.A_TMA=1 (no new bench starts after ${AB_BUDGET:-400} s)
+#           [all.done, q.log]
+#   full1   restore the kept shards; one proxy212 run on the A/B's cache, extra arguments from
+#           $TRAIN_EXTRA_FILE when set [full.done, q-full.log]
+#   full    the default pair of proxy212 runs (common.sh's full_pair) [full.done, q-full.log]
+#   wait S [D [LOG]]  follow until $RES/D.done or S seconds; tar results into $OUT
+# Carry [".proxy"] (shards 1-3 and val); `full`/`full1` need a second call carrying shard 4.
+set -u
+source scripts/device/common.sh
+
+atma_queue() {
+  bytecode_on
+  clocks_log clocks.csv
+  local start=$(date +%s) r
+  gpu_tests gluon 200 tests/test_relu2_gluon.py
+  (cd scripts/device && timeout 200 python3 relu2_gluon_bench.py "$RES/relu2-gluon.json") > "$RES/relu2-gluon.log" 2>&1
+  grep -E "check|us:" "$RES/relu2-gluon.log"
+  grep -q " passed" "$RES/gpu-tests-gluon.log" && ! grep -q "failed" "$RES/gpu-tests-gluon.log" || {
+    echo "$(date +%T) the Gluon GPU tests did not pass: no A/B"; return; }
+  for r in ${AB_ROUNDS:-1 2 3}; do
+    [ $(( $(date +%s) - start )) -lt "${AB_BUDGET:-400}" ] || { echo "$(date +%T) budget spent"; break; }
+    AB_CACHE=ab30 ab_shared "plain$r"
+    AB_CACHE=ab30 ab_shared "atma$r" --set model.mlp_options=bwd.A_TMA=1
+  done
+}
+
+case "${1:-}" in
+  atma) check_start; ( atma_queue; touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
+  full1) restore_proxy; bytecode_on; ( train 0 full-a ab30; summaries; touch "$RES/full.done" ) > "$RES/q-full.log" 2>&1 ;;
+  full) full_pair ;;
+  wait) follow_and_collect "${2:-560}" "$RES/${3:-all}.done" "$RES/${4:-q.log}"; exit $? ;;
+  *) echo "usage: $0 atma | full1 | full | wait SECONDS [DONE-NAME [LOG]]" >&2; exit 2 ;;
+esac
