@@ -130,9 +130,10 @@ gpu_tests() {  # gpu_tests NAME SECONDS FILES...: those files' GPU tests (no byt
 }
 
 ab_rounds() {  # ab_rounds CACHE DEFAULT-ROUNDS NAME-A "ARGS-A" NAME-B "ARGS-B": A/B per round on one cache
-  # (rounds $AB_ROUNDS when set)
+  # (rounds $AB_ROUNDS when set; no round starts after the epoch second $AB_DEADLINE when set)
   local cache=$1 rounds=$2 r
   for r in ${AB_ROUNDS:-$rounds}; do
+    [ "$(date +%s)" -lt "${AB_DEADLINE:-9999999999}" ] || { echo "$(date +%T) A/B budget spent"; break; }
     AB_CACHE=$cache ab_shared "$3$r" $4
     AB_CACHE=$cache ab_shared "$5$r" $6
   done

@@ -17,17 +17,13 @@ source scripts/device/common.sh
 atma_queue() {
   bytecode_on
   clocks_log clocks.csv
-  local start=$(date +%s) r
+  local deadline=$(( $(date +%s) + ${AB_BUDGET:-400} ))
   gpu_tests gluon 200 tests/test_relu2_gluon.py
   (cd scripts/device && timeout 200 python3 relu2_gluon_bench.py "$RES/relu2-gluon.json") > "$RES/relu2-gluon.log" 2>&1
   grep -E "check|us:" "$RES/relu2-gluon.log"
   grep -q " passed" "$RES/gpu-tests-gluon.log" && ! grep -q "failed" "$RES/gpu-tests-gluon.log" || {
     echo "$(date +%T) the Gluon GPU tests did not pass: no A/B"; return; }
-  for r in ${AB_ROUNDS:-1 2 3}; do
-    [ $(( $(date +%s) - start )) -lt "${AB_BUDGET:-400}" ] || { echo "$(date +%T) budget spent"; break; }
-    AB_CACHE=ab30 ab_shared "plain$r"
-    AB_CACHE=ab30 ab_shared "atma$r" --set model.mlp_options=bwd.A_TMA=1
-  done
+  AB_DEADLINE=$deadline ab_rounds ab30 "1 2 3" plain "" atma "--set model.mlp_options=bwd.A_TMA=1"
 }
 
 case "${1:-}" in

@@ -115,7 +115,7 @@ _KERNEL = None
 gluon = gl = tma = mbarrier = fence_async_shared = warpgroup_mma = warpgroup_mma_wait = None
 tma_load = tma_store = None  # TMA copies: Triton 3.6's async_copy_* names, async_load/async_store from 3.7 on
 _tile_coords = _tile_origin = _issue_load = _shared_state = _mma_partition = _epilogue_fwd = _epilogue_bwd = _load_h = None
-_relu_of = _epilogue_bwd_tma = None
+_relu_of = _epilogue_bwd_tma = _g_slice = None
 
 
 def available() -> bool:
@@ -144,7 +144,7 @@ def _build():
     Gluon modules through this module's globals, where the code generator looks them up."""
     global _KERNEL, gluon, gl, tma, mbarrier, fence_async_shared, warpgroup_mma, warpgroup_mma_wait, tma_load, tma_store
     global _tile_coords, _tile_origin, _issue_load, _shared_state, _mma_partition, _epilogue_fwd, _epilogue_bwd, _load_h
-    global _relu_of, _epilogue_bwd_tma
+    global _relu_of, _epilogue_bwd_tma, _g_slice
     if _KERNEL is not None:
         return _KERNEL
     from triton.experimental import gluon as _gluon
@@ -295,6 +295,16 @@ def _build():
         return h
 
     @gluon.jit
+    def _g_slice(part, h, out_desc, off_m, off_n, layout: gl.constexpr):
+        """g = bf16(p · 2h where h > 0, else 0) over the product p in the buffer slice `part`, written
+        over p, then TMA-stored at (off_m, off_n)."""
+        p = part.load(layout).to(gl.float32)
+        hf = h.to(gl.float32)
+        part.store(gl.where(hf > 0.0, p * (2.0 * hf), 0.0).to(gl.bfloat16))
+        fence_async_shared()
+        tma_store(out_desc, [off_m, off_n], part)
+
+    @gluon.jit
     def _epilogue_bwd(h_ptr, out_desc, e_buf, acc_ready, acc_free, M, N,
                       FROM_A: gl.constexpr, GROUP_M: gl.constexpr, EPI_WARPS: gl.constexpr):
         """g = bf16(p · 2h where h > 0, else 0) slice by slice; h loaded one slice ahead, the first
@@ -312,13 +322,7 @@ def _build():
             for j in gl.static_range(SPLIT):
                 if j + 1 < SPLIT:
                     h_next = _load_h(h_ptr, off_m, off_n + (j + 1) * SUB, M, N, BM, SUB, layout)
-                part = e_buf.slice(j * SUB, SUB, 1)
-                p = part.load(layout).to(gl.float32)
-                hf = h.to(gl.float32)
-                g = gl.where(hf > 0.0, p * (2.0 * hf), 0.0)
-                part.store(g.to(gl.bfloat16))
-                fence_async_shared()
-                tma_store(out_desc, [off_m, off_n + j * SUB], part)
+                _g_slice(e_buf.slice(j * SUB, SUB, 1), h, out_desc, off_m, off_n + j * SUB, layout)
                 if j + 1 < SPLIT:  # the root here, with this slice's registers free (no spills)
                     h = _relu_of(h_next, FROM_A)
             tma.store_wait(0)
@@ -348,12 +352,8 @@ def _build():
             mbarrier.wait(h_ready, t & 1)
             mbarrier.wait(acc_ready, t & 1)
             for j in gl.static_range(SPLIT):
-                hf = _relu_of(h_buf.slice(j * SUB, SUB, 1).load(layout), FROM_A).to(gl.float32)
-                part = e_buf.slice(j * SUB, SUB, 1)
-                p = part.load(layout).to(gl.float32)
-                part.store(gl.where(hf > 0.0, p * (2.0 * hf), 0.0).to(gl.bfloat16))
-                fence_async_shared()
-                tma_store(out_desc, [off_m, off_n + j * SUB], part)
+                h = _relu_of(h_buf.slice(j * SUB, SUB, 1).load(layout), FROM_A)
+                _g_slice(e_buf.slice(j * SUB, SUB, 1), h, out_desc, off_m, off_n + j * SUB, layout)
             tma.store_wait(0)
             mbarrier.arrive(acc_free)
             t += 1
