@@ -84,18 +84,23 @@ def test_a_tma_option_reaches_the_gluon_backward(monkeypatch):
 
 
 def test_a_tma_epilogue_frees_its_buffer_before_each_load():
-    """The TMA epilogue's PTX: before the 64 KB expect on its barrier, every epilogue thread fences its
-    generic reads of the buffer for the async proxy and the partition synchronises (bar.sync 2, 128),
-    so the next tile's TMA load cannot overwrite values a thread has yet to read; four slice loads."""
+    """The TMA epilogue's PTX: the first tile's loads and, in the loop, the next tile's. Before each 64 KB
+    expect on the buffer's barrier, every epilogue thread fences its generic reads of the buffer for the
+    async proxy and the partition synchronises (bar.sync 2, 128), so a TMA load cannot overwrite values a
+    thread has yet to read; four slice loads each; the next tile's before the stores' drain and the
+    buffer's hand-back (acc_free)."""
     G = _gluon()
     ptx = G.compile_offline(R.DRELU2_FROM_A, False, a_tma=True).asm["ptx"].splitlines()
     at = [i for i, line in enumerate(ptx) if "expect_tx" in line and line.rstrip().endswith(", 65536;")]
-    assert len(at) == 1, at
-    before = [line.strip() for line in ptx[at[0] - 6:at[0]]]
-    fence = max(i for i, line in enumerate(before) if line.startswith("fence.proxy.async"))
-    assert any(line.startswith("bar.sync") and "128" in line for line in before[fence:]), before
-    after = "\n".join(ptx[at[0]:at[0] + 60])
-    assert after.count("cp.async.bulk.tensor.2d.shared::cta.global") == 4
+    assert len(at) == 2, at
+    for i in at:
+        before = [line.strip() for line in ptx[i - 8:i]]
+        fence = max(k for k, line in enumerate(before) if line.startswith("fence.proxy.async"))
+        assert any(line.startswith("bar.sync") and "128" in line for line in before[fence:]), before
+        after = "\n".join(ptx[i:i + 60])
+        assert after.count("cp.async.bulk.tensor.2d.shared::") == 4, after
+    drain = next(i for i in range(at[1], len(ptx)) if "cp.async.bulk.wait_group.read" in ptx[i])
+    assert drain - at[1] < 60
 
 
 def _epilogue_reference(p, h=None):

@@ -9,6 +9,7 @@
 #   full1   restore the kept shards; one proxy212 run on the A/B's cache, extra arguments from
 #           $TRAIN_EXTRA_FILE when set [full.done, q-full.log]
 #   full    the default pair of proxy212 runs (common.sh's full_pair) [full.done, q-full.log]
+#   full-atma  the same pair with --set model.mlp_options=bwd.A_TMA=1 [full.done, q-full.log]
 #   wait S [D [LOG]]  follow until $RES/D.done or S seconds; tar results into $OUT
 # Carry [".proxy"] (shards 1-3 and val); `full`/`full1` need a second call carrying shard 4.
 set -u
@@ -30,6 +31,8 @@ case "${1:-}" in
   atma) check_start; ( atma_queue; touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
   full1) restore_proxy; bytecode_on; ( train 0 full-a ab30; summaries; touch "$RES/full.done" ) > "$RES/q-full.log" 2>&1 ;;
   full) full_pair ;;
+  full-atma) echo "--set model.mlp_options=bwd.A_TMA=1" > /tmp/train-extra.txt
+    TRAIN_EXTRA_FILE=/tmp/train-extra.txt full_pair ;;
   wait) follow_and_collect "${2:-560}" "$RES/${3:-all}.done" "$RES/${4:-q.log}"; exit $? ;;
-  *) echo "usage: $0 atma | full1 | full | wait SECONDS [DONE-NAME [LOG]]" >&2; exit 2 ;;
+  *) echo "usage: $0 atma | full1 | full | full-atma | wait SECONDS [DONE-NAME [LOG]]" >&2; exit 2 ;;
 esac

@@ -54,8 +54,8 @@ accumulator to shared memory and the wgmma drain at each tile's end.
 
 A_TMA (backward only, off by default; thirtieth session, not yet run on a GPU): the epilogue brings the
 saved tensor's whole 128 x 256 tile into a second 64 KB buffer by TMA (four slice loads on one
-mbarrier) as soon as it starts the tile, i.e. while the consumers still compute it, and reads it from
-shared memory, in place of plain global loads one slice ahead. The backward from a costs ~470 us a call
+mbarrier), the next tile's as soon as it has read this tile's last slice, i.e. while the consumers
+compute that next tile, and reads it from shared memory, in place of plain global loads one slice ahead. The backward from a costs ~470 us a call
 against cuBLAS's 318 (the forward, which loads nothing, 339), so the loads are the suspect. Its buffer
 leaves room for two ring stages of 64-wide k-steps (224 KB), or four of 32 (`BLOCK_K=32, STAGES=4`).
 Before each tile's loads every epilogue thread fences its reads of the buffer for the async proxy and the
@@ -115,7 +115,7 @@ _KERNEL = None
 gluon = gl = tma = mbarrier = fence_async_shared = warpgroup_mma = warpgroup_mma_wait = None
 tma_load = tma_store = None  # TMA copies: Triton 3.6's async_copy_* names, async_load/async_store from 3.7 on
 _tile_coords = _tile_origin = _issue_load = _shared_state = _mma_partition = _epilogue_fwd = _epilogue_bwd = _load_h = None
-_relu_of = _epilogue_bwd_tma = _g_slice = None
+_relu_of = _epilogue_bwd_tma = _g_slice = _load_saved = None
 
 
 def available() -> bool:
@@ -144,7 +144,7 @@ def _build():
     Gluon modules through this module's globals, where the code generator looks them up."""
     global _KERNEL, gluon, gl, tma, mbarrier, fence_async_shared, warpgroup_mma, warpgroup_mma_wait, tma_load, tma_store
     global _tile_coords, _tile_origin, _issue_load, _shared_state, _mma_partition, _epilogue_fwd, _epilogue_bwd, _load_h
-    global _relu_of, _epilogue_bwd_tma, _g_slice
+    global _relu_of, _epilogue_bwd_tma, _g_slice, _load_saved
     if _KERNEL is not None:
         return _KERNEL
     from triton.experimental import gluon as _gluon
@@ -330,30 +330,42 @@ def _build():
             t += 1
 
     @gluon.jit
+    def _load_saved(h_desc, h_buf, h_ready, tile, M, N, GROUP_M: gl.constexpr):
+        """TMA loads of the saved tensor's tile `tile` (zero-filled outside the tensor) into h_buf, its
+        slices on the one barrier h_ready; nothing when `tile` is past the last. Every epilogue thread
+        first fences its reads of h_buf for the async proxy (the partition barrier follows)."""
+        BM: gl.constexpr = h_buf.shape[0]
+        BN: gl.constexpr = h_buf.shape[1]
+        SUB: gl.constexpr = h_desc.block_type.shape[1]
+        live = tile < gl.cdiv(M, BM) * gl.cdiv(N, BN)
+        off_m, off_n = _tile_origin(tile, M, N, BM, BN, GROUP_M)
+        fence_async_shared()
+        mbarrier.expect(h_ready, (BN // SUB) * h_desc.block_type.nbytes, pred=live)
+        for j in gl.static_range(BN // SUB):
+            tma_load(h_desc, [off_m, off_n + j * SUB], h_ready, h_buf.slice(j * SUB, SUB, 1), pred=live)
+
+    @gluon.jit
     def _epilogue_bwd_tma(h_desc, out_desc, e_buf, h_buf, h_ready, acc_ready, acc_free, M, N,
                           FROM_A: gl.constexpr, GROUP_M: gl.constexpr, EPI_WARPS: gl.constexpr):
-        """_epilogue_bwd with the saved tensor's tile (h, or a with FROM_A) TMA-loaded into h_buf as
-        the tile begins: one bulk load of BM x BN while the consumers still compute the tile, in place
-        of plain loads one slice ahead. Zero-filled outside the tensor, as the masked loads were."""
+        """_epilogue_bwd with the saved tensor's tile (h, or a with FROM_A) TMA-loaded into h_buf: the
+        first tile's at the start, each next tile's as soon as this tile's last slice is read from h_buf
+        (before this tile's stores drain), so the loads run while the consumers compute that tile; in
+        place of plain loads one slice ahead."""
         BM: gl.constexpr = e_buf.shape[0]
         BN: gl.constexpr = e_buf.shape[1]
         SUB: gl.constexpr = out_desc.block_type.shape[1]
         SPLIT: gl.constexpr = BN // SUB
         layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [EPI_WARPS, 1], [1, 0])
         t = 0
+        _load_saved(h_desc, h_buf, h_ready, gl.program_id(0), M, N, GROUP_M)
         for tile in range(gl.program_id(0), gl.cdiv(M, BM) * gl.cdiv(N, BN), gl.num_programs(0)):
             off_m, off_n = _tile_origin(tile, M, N, BM, BN, GROUP_M)
-            # h_buf's reads of the last tile are done (the barrier before the last arrive): the async
-            # proxy may overwrite it
-            fence_async_shared()
-            mbarrier.expect(h_ready, SPLIT * h_desc.block_type.nbytes)
-            for j in gl.static_range(SPLIT):
-                tma_load(h_desc, [off_m, off_n + j * SUB], h_ready, h_buf.slice(j * SUB, SUB, 1))
             mbarrier.wait(h_ready, t & 1)
             mbarrier.wait(acc_ready, t & 1)
             for j in gl.static_range(SPLIT):
                 h = _relu_of(h_buf.slice(j * SUB, SUB, 1).load(layout), FROM_A)
                 _g_slice(e_buf.slice(j * SUB, SUB, 1), h, out_desc, off_m, off_n + j * SUB, layout)
+            _load_saved(h_desc, h_buf, h_ready, tile + gl.num_programs(0), M, N, GROUP_M)
             tma.store_wait(0)
             mbarrier.arrive(acc_free)
             t += 1
