@@ -19,16 +19,15 @@ def _gluon():
     return G
 
 
-@pytest.mark.parametrize("epilogue,b_nk,a_tma,cfg", [
-    (R.STORE_H_AND_A, True, False, None), (R.STORE_A, True, False, None), (R.DRELU2, False, False, None),
-    (R.DRELU2_FROM_A, False, False, None), (R.DRELU2, False, True, None), (R.DRELU2_FROM_A, False, True, None),
-    (R.DRELU2_FROM_A, False, True, {"BLOCK_K": 32, "STAGES": 4})])
-def test_compiles_for_hopper_without_spills(epilogue, b_nk, a_tma, cfg):
+@pytest.mark.parametrize("epilogue,b_nk,a_tma", [
+    (R.STORE_H_AND_A, True, 0), (R.STORE_A, True, 0), (R.DRELU2, False, 0), (R.DRELU2_FROM_A, False, 0),
+    (R.DRELU2, False, 1), (R.DRELU2_FROM_A, False, 1), (R.DRELU2_FROM_A, False, 2)])
+def test_compiles_for_hopper_without_spills(epilogue, b_nk, a_tma):
     """Every variant compiles for sm_90 with no local memory (spills) and fits the H200's 227 KB of
     shared memory per block; 12 warps (two consumer warpgroups and the epilogue's). a_tma: the backward
     whose epilogue TMA-loads the saved tensor's tile (its 64 KB buffer beside two ring stages)."""
     G = _gluon()
-    kernel = G.compile_offline(epilogue, b_nk, cfg, a_tma=a_tma)
+    kernel = G.compile_offline(epilogue, b_nk, a_tma=a_tma)
     usage = G.resource_usage(kernel.asm["cubin"])
     assert usage.get("LOCAL", 0) == 0 and usage.get("STACK", 0) == 0, usage
     assert kernel.metadata.shared <= 227 * 1024, kernel.metadata.shared
@@ -60,27 +59,31 @@ def test_a_kernel_that_cannot_compile_falls_back_once(monkeypatch):
     with pytest.warns(RuntimeWarning, match="using the Triton kernel"):
         assert G.try_launch(*args) is False
     assert G.try_launch(*args) is False and len(calls) == 1  # not retried
-    assert "TypeError" in G._FAILED[(R.DRELU2, False)]
+    assert "TypeError" in G._FAILED[(R.DRELU2, 0)]
 
 
 def test_a_tma_option_reaches_the_gluon_backward(monkeypatch):
-    """`bwd.A_TMA=1` (off by default) picks GLUON_CONFIG's `*_tma` entries for the backward only."""
+    """`bwd.A_TMA=1` or `2` (off by default) picks GLUON_CONFIG's `*_tma` or `*_tma32` entries, for the
+    backward only."""
     from speedrun import relu2_gluon as G
     assert R.parse_options("")["bwd"]["A_TMA"] == 0
     assert R.parse_options("bwd.A_TMA=1")["bwd"]["A_TMA"] == 1
+    assert R.parse_options("bwd.A_TMA=2")["bwd"]["A_TMA"] == 2
     with pytest.raises(ValueError, match="A_TMA"):
-        R.parse_options("A_TMA=2")
-    assert G.direction(R.DRELU2_FROM_A, True) == "bwd_a_tma" and G.direction(R.DRELU2, True) == "bwd_tma"
-    assert G.direction(R.STORE_A, True) == "fwd" and G.direction(R.DRELU2_FROM_A) == "bwd_a"
-    tma = G.config(G.direction(R.DRELU2_FROM_A, True))
-    assert tma["A_TMA"] == 1 and tma["STAGES"] == 2 and G.config("bwd_a")["A_TMA"] == 0
+        R.parse_options("A_TMA=3")
+    assert G.direction(R.DRELU2_FROM_A, 1) == "bwd_a_tma" and G.direction(R.DRELU2, 1) == "bwd_tma"
+    assert G.direction(R.DRELU2_FROM_A, 2) == "bwd_a_tma32" and G.direction(R.DRELU2, 2) == "bwd_tma32"
+    assert G.direction(R.STORE_A, 1) == "fwd" and G.direction(R.DRELU2_FROM_A) == "bwd_a"
+    tma, tma32 = (G.config(G.direction(R.DRELU2_FROM_A, n)) for n in (1, 2))
+    assert (tma["A_TMA"], tma["STAGES"], tma["BLOCK_K"]) == (1, 2, 64)
+    assert (tma32["A_TMA"], tma32["STAGES"], tma32["BLOCK_K"]) == (2, 4, 32) and G.config("bwd_a")["A_TMA"] == 0
     seen = []
     monkeypatch.setattr(R, "use_gluon", lambda device, cfg: True)
-    monkeypatch.setattr(G, "try_launch", lambda *args, a_tma=False: seen.append(a_tma) or True)
+    monkeypatch.setattr(G, "try_launch", lambda *args, a_tma=0: seen.append(a_tma) or True)
     t = torch.zeros(1)
-    R.launch(t, t, t, t, R.DRELU2_FROM_A, False, R.parse_options("bwd.A_TMA=1")["bwd"])
-    R.launch(t, t, t, t, R.DRELU2_FROM_A, False, R.parse_options("")["bwd"])
-    assert seen == [True, False]
+    for text in ("bwd.A_TMA=1", "bwd.A_TMA=2", ""):
+        R.launch(t, t, t, t, R.DRELU2_FROM_A, False, R.parse_options(text)["bwd"])
+    assert seen == [1, 2, 0]
 
 
 def test_a_tma_epilogue_frees_its_buffer_before_each_load():
@@ -90,7 +93,7 @@ def test_a_tma_epilogue_frees_its_buffer_before_each_load():
     thread has yet to read; four slice loads each; the next tile's before the stores' drain and the
     buffer's hand-back (acc_free)."""
     G = _gluon()
-    ptx = G.compile_offline(R.DRELU2_FROM_A, False, a_tma=True).asm["ptx"].splitlines()
+    ptx = G.compile_offline(R.DRELU2_FROM_A, False, a_tma=1).asm["ptx"].splitlines()
     at = [i for i, line in enumerate(ptx) if "expect_tx" in line and line.rstrip().endswith(", 65536;")]
     assert len(at) == 2, at
     for i in at:
@@ -142,11 +145,11 @@ def test_gpu_matches_triton_kernel_and_epilogue_math(cuda, M, K, N):
         ab = torch.relu(hb).square()
         (launch or (lambda *t: R.launch(*t, R.parse_options("GLUON=0")["bwd"])))(gy, w2, ab, ga, R.DRELU2_FROM_A, False)
         if launch is not None:  # the epilogue loading the saved tensor by TMA (A_TMA), both ring shapes
-            for cfg in (None, {"BLOCK_K": 32, "STAGES": 4}):
+            for a_tma in (1, 2):
                 for epilogue, saved, want in ((R.DRELU2, hb, gh), (R.DRELU2_FROM_A, ab, ga)):
                     got = torch.full_like(gh, 7.0)
-                    launch(gy, w2, saved, got, epilogue, False, cfg, a_tma=True)
-                    assert torch.equal(got, want), (epilogue, cfg, (got != want).float().mean().item())
+                    launch(gy, w2, saved, got, epilogue, False, a_tma=a_tma)
+                    assert torch.equal(got, want), (epilogue, a_tma, (got != want).float().mean().item())
         outs[name] = (h, a, gh, ga)
     torch.cuda.synchronize()
     h_ref = x @ w1.T

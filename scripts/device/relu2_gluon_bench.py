@@ -26,8 +26,9 @@ import torch
 
 M, K, N = 49152, 768, 3072
 RAGGED = [(1000, 200, 392), (77, 64, 264), (300, 136, 520)]  # (M, K, N); N, K multiples of 8
-# The A_TMA backward's ring shapes (relu2_gluon.GLUON_CONFIG `*_tma`: 2 stages of 64-wide k-steps) timed
-TMA_RINGS = {"k64x2": None, "k32x4": {"BLOCK_K": 32, "STAGES": 4}}
+# The A_TMA backward's ring shapes timed (relu2_gluon.GLUON_CONFIG: A_TMA 1, 2 stages of 64-wide k-steps;
+# 2, 4 stages of 32-wide ones)
+TMA_RINGS = {"k64x2": 1, "k32x4": 2}
 
 
 # --------------------------------------------------------------------------- compile-only (CPU)
@@ -106,7 +107,7 @@ def compile_only():
 
     variants = [("fwd_store_h_and_a", G.STORE_H_AND_A, True, None, False), ("fwd_store_a", G.STORE_A, True, None, False),
                 ("bwd_drelu2", G.DRELU2, False, None, False), ("bwd_from_a", G.DRELU2_FROM_A, False, None, False)]
-    variants += [(f"bwd_from_a_tma_{n}", G.DRELU2_FROM_A, False, cfg, True) for n, cfg in TMA_RINGS.items()]
+    variants += [(f"bwd_from_a_tma_{n}", G.DRELU2_FROM_A, False, None, a_tma) for n, a_tma in TMA_RINGS.items()]
     dump = os.environ.get("RELU2_GLUON_DUMP")  # a folder: write each variant's ttgir/ptx there
     report = {name: inspect_compiled(name, compile_variant(epi, b_nk, cfg, a_tma=tma), dump)
               for name, epi, b_nk, cfg, tma in variants}
@@ -211,10 +212,9 @@ def device_bench(out_path):
     bwd_a = lambda: G.launch(g_y, proj_w, a_saved, g_a, G.DRELU2_FROM_A, False)  # noqa: E731
     bwd_a()
     tma_fns = {}
-    for name, cfg in TMA_RINGS.items():
+    for name, a_tma in TMA_RINGS.items():
         out = torch.empty_like(g_g)
-        tma_fns[name] = lambda out=out, cfg=cfg: G.launch(g_y, proj_w, a_saved, out, G.DRELU2_FROM_A, False, cfg,
-                                                           a_tma=True)
+        tma_fns[name] = lambda out=out, n=a_tma: G.launch(g_y, proj_w, a_saved, out, G.DRELU2_FROM_A, False, a_tma=n)
         tma_fns[name]()
         torch.cuda.synchronize()
         res.setdefault("bwd_a_tma_check", {})[name] = diff(out, g_a)

@@ -57,7 +57,7 @@ saved tensor's whole 128 x 256 tile into a second 64 KB buffer by TMA (four slic
 mbarrier), the next tile's as soon as it has read this tile's last slice, i.e. while the consumers
 compute that next tile, and reads it from shared memory, in place of plain global loads one slice ahead. The backward from a costs ~470 us a call
 against cuBLAS's 318 (the forward, which loads nothing, 339), so the loads are the suspect. Its buffer
-leaves room for two ring stages of 64-wide k-steps (224 KB), or four of 32 (`BLOCK_K=32, STAGES=4`).
+leaves room for two ring stages of 64-wide k-steps (224 KB; A_TMA 1), or four of 32 (A_TMA 2).
 Before each tile's loads every epilogue thread fences its reads of the buffer for the async proxy and the
 partition synchronises (a CPU test reads this in the PTX).
 
@@ -93,10 +93,10 @@ from speedrun.relu2_mlp import DRELU2, DRELU2_FROM_A, STORE_A, STORE_H_AND_A
 # the compile check (no spills; 120 epilogue registers spill in the backward), not yet timed. bwd_a: the
 # backward with relu(h) from a (DRELU2_FROM_A); its square roots need more epilogue registers (at 128 and
 # 136 ptxas spills a few to the stack, Triton 3.9's ptxas), so the consumers keep 176.
-# A_TMA: the backward's epilogue brings the saved tensor's whole tile into shared memory by TMA as the
-# tile begins, while the consumers still compute it, in place of plain loads one slice ahead (`bwd_tma`,
-# `bwd_a_tma`; relu2_mlp's launch key A_TMA). Its 64 KB buffer leaves room for two ring stages of 64-wide
-# k-steps (or four of 32: BLOCK_K=32, STAGES=4); not yet timed.
+# A_TMA: the backward's epilogue brings the saved tensor's whole tile into shared memory by TMA while the
+# consumers compute the tile, in place of plain loads one slice ahead (relu2_mlp's launch key A_TMA).
+# Its 64 KB buffer leaves room for two ring stages of 64-wide k-steps (A_TMA 1: `bwd_tma`, `bwd_a_tma`) or
+# four of 32 (A_TMA 2: `bwd_tma32`, `bwd_a_tma32`); not yet timed.
 GLUON_CONFIG = {
     "fwd": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "SUB_N": 64, "GROUP_M": 8, "STAGES": 3,
             "EPI_WARPS": 4, "EPI_REGS": 128, "MAXNREG": 168, "A_TMA": 0},
@@ -108,6 +108,10 @@ GLUON_CONFIG = {
                 "EPI_WARPS": 4, "EPI_REGS": 128, "MAXNREG": 168, "A_TMA": 1},
     "bwd_a_tma": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "SUB_N": 64, "GROUP_M": 8, "STAGES": 2,
                   "EPI_WARPS": 4, "EPI_REGS": 128, "MAXNREG": 168, "A_TMA": 1},
+    "bwd_tma32": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 32, "SUB_N": 64, "GROUP_M": 8, "STAGES": 4,
+                  "EPI_WARPS": 4, "EPI_REGS": 128, "MAXNREG": 168, "A_TMA": 2},
+    "bwd_a_tma32": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 32, "SUB_N": 64, "GROUP_M": 8, "STAGES": 4,
+                    "EPI_WARPS": 4, "EPI_REGS": 128, "MAXNREG": 168, "A_TMA": 2},
 }
 NUM_WARPS = 8  # the default (consumer) partition: two warpgroups
 
@@ -432,10 +436,13 @@ def config(direction: str, cfg: dict | None = None) -> dict:
     return {**GLUON_CONFIG[direction], **(cfg or {})}
 
 
-def direction(epilogue: int, a_tma: bool = False) -> str:
-    """The GLUON_CONFIG entry of an epilogue code (a backward's with its saved tensor loaded by TMA)."""
+def direction(epilogue: int, a_tma: int = 0) -> str:
+    """The GLUON_CONFIG entry of an epilogue code; for a backward with a_tma 1 or 2, its saved tensor
+    loaded by TMA beside two 64-wide or four 32-wide ring stages."""
     name = {DRELU2: "bwd", DRELU2_FROM_A: "bwd_a"}.get(epilogue, "fwd")
-    return f"{name}_tma" if a_tma and name != "fwd" else name
+    if name == "fwd" or not a_tma:
+        return name
+    return name + {1: "_tma", 2: "_tma32"}[a_tma]
 
 
 def descriptor_layouts(cfg: dict, b_nk: bool):
@@ -452,7 +459,7 @@ def kernel_constexprs(epilogue: int, b_nk: bool, cfg: dict) -> dict:
     """The kernel's constexpr arguments (by name) for a launch configuration."""
     return {"EPILOGUE": epilogue, "B_NK": b_nk, "BLOCK_N": cfg["BLOCK_N"], "GROUP_M": cfg["GROUP_M"],
             "STAGES": cfg["STAGES"], "EPI_WARPS": cfg["EPI_WARPS"], "EPI_REGS": cfg["EPI_REGS"],
-            "A_TMA": bool(cfg["A_TMA"])}
+            "A_TMA": cfg["A_TMA"] > 0}
 
 
 @functools.lru_cache(maxsize=None)
@@ -460,33 +467,33 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-_FAILED: dict[tuple[int, bool], str] = {}  # (epilogue, a_tma) -> why its kernel could not be built here
+_FAILED: dict[tuple[int, int], str] = {}  # (epilogue, a_tma) -> why its kernel could not be built here
 
 
 def try_launch(a: Tensor, b: Tensor, h: Tensor, out: Tensor, epilogue: int, b_nk: bool,
-               a_tma: bool = False) -> bool:
+               a_tma: int = 0) -> bool:
     """`launch`, or False (with one warning per variant) when the kernel cannot be compiled here.
     Gluon is experimental: a Triton other than the 3.6 it was written and measured on may reject it,
     and the caller's Triton kernel computes the same bits. A failure is remembered for the process."""
-    variant = (epilogue, bool(a_tma))
+    variant = (epilogue, a_tma)
     if variant in _FAILED:
         return False
     try:
         launch(a, b, h, out, epilogue, b_nk, a_tma=a_tma)
     except Exception as e:  # noqa: BLE001 - any compile failure; CUDA errors resurface on the next op
         _FAILED[variant] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
-        warnings.warn(f"relu2_gluon: the Gluon kernel (epilogue {epilogue}, a_tma {bool(a_tma)}) failed here "
+        warnings.warn(f"relu2_gluon: the Gluon kernel (epilogue {epilogue}, a_tma {a_tma}) failed here "
                       f"({_FAILED[variant]}); using the Triton kernel", RuntimeWarning, stacklevel=2)
         return False
     return True
 
 
 def launch(a: Tensor, b: Tensor, h: Tensor, out: Tensor, epilogue: int, b_nk: bool,
-           cfg: dict | None = None, a_tma: bool = False) -> None:
+           cfg: dict | None = None, a_tma: int = 0) -> None:
     """out (and h) from P = a @ (b.T if b_nk else b) with `epilogue` (STORE_H_AND_A, DRELU2, STORE_A,
     DRELU2_FROM_A with the saved a passed as h); all bfloat16, contiguous, on a Hopper GPU; h
     (0,)-shaped with STORE_A. cfg: GLUON_CONFIG entries to override (default: `direction`'s, with
-    a_tma the backward's TMA-loading entry)."""
+    a_tma 1 or 2 the backward's TMA-loading entries)."""
     if epilogue not in (STORE_H_AND_A, DRELU2, STORE_A, DRELU2_FROM_A):
         raise ValueError(f"relu2_gluon.launch: unknown epilogue {epilogue}")
     kernel = _build()
@@ -519,7 +526,7 @@ def _sig_desc(layout, shape) -> str:
     return f"tensordesc<bf16[{shape[0]}, {shape[1]}],{layout!r}>"
 
 
-def compile_offline(epilogue: int, b_nk: bool, cfg: dict | None = None, a_tma: bool = False):
+def compile_offline(epilogue: int, b_nk: bool, cfg: dict | None = None, a_tma: int = 0):
     """Compile the kernel for sm_90 without a GPU (Triton's bundled ptxas); the CompiledKernel. The
     launcher's specialisations at the record's shape are assumed: aligned h, M, N, K multiples of 16."""
     import triton

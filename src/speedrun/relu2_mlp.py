@@ -84,8 +84,9 @@ from speedrun.kernel_choice import TRITON_FOUND, built_once, pick_impl
 # FROM_A (read by the forward; the backward follows what the forward saved): save only a and recover
 # relu(h) from it in the backward's epilogue (module docstring); 0 saves h as well, as before.
 # A_TMA (read by the Gluon backward only): its epilogue loads the saved tensor a whole tile at a time by
-# TMA while the tile's products run, in place of plain loads one slice ahead (relu2_gluon.GLUON_CONFIG's
-# `*_tma` entries, two ring stages); written in the thirtieth session, not yet run on a GPU, so off.
+# TMA while the tile's products run, in place of plain loads one slice ahead, beside two 64-wide ring
+# stages (1) or four 32-wide ones (2) (relu2_gluon.GLUON_CONFIG's `*_tma`, `*_tma32` entries); written in
+# the thirtieth session, not yet run on a GPU, so off (0).
 KERNEL_CONFIG = {
     "fwd": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "EPI_SPLIT": 2, "PERSISTENT": 1,
             "H_PTR": 0, "WARP_SPEC": 0, "GLUON": 0, "FROM_A": 1, "A_TMA": 0,
@@ -121,9 +122,9 @@ def parse_options(text: str) -> dict[str, dict[str, int]]:
     for d, c in out.items():
         blocks = [c[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K")]
         if any(b < 16 or b & (b - 1) for b in blocks) or c["EPI_SPLIT"] not in (1, 2, 4) or any(
-                c[k] not in (0, 1) for k in ("PERSISTENT", "H_PTR", "WARP_SPEC", "GLUON", "FROM_A", "A_TMA")):
+                c[k] not in (0, 1) for k in ("PERSISTENT", "H_PTR", "WARP_SPEC", "GLUON", "FROM_A")) or c["A_TMA"] > 2:
             raise ValueError(f"mlp kernel options ({d}): BLOCK_M/N/K powers of two >= 16, EPI_SPLIT 1, 2 or 4, "
-                             f"PERSISTENT, H_PTR, WARP_SPEC, GLUON, FROM_A and A_TMA 0 or 1; got {c}")
+                             f"PERSISTENT, H_PTR, WARP_SPEC, GLUON and FROM_A 0 or 1, A_TMA 0, 1 or 2; got {c}")
     return out
 
 
@@ -362,7 +363,7 @@ def launch(a: Tensor, b: Tensor, h: Tensor, out: Tensor, epilogue: int, b_nk: bo
     STORE_A. The Gluon kernel where `use_gluon` says."""
     if use_gluon(a.device, cfg):
         from speedrun import relu2_gluon
-        if relu2_gluon.try_launch(a, b, h, out, epilogue, b_nk, a_tma=bool(cfg.get("A_TMA"))):
+        if relu2_gluon.try_launch(a, b, h, out, epilogue, b_nk, a_tma=cfg.get("A_TMA", 0)):
             return
     kernel = _build_kernel()
     from triton.tools.tensor_descriptor import TensorDescriptor
