@@ -97,21 +97,16 @@ from speedrun.relu2_mlp import DRELU2, DRELU2_FROM_A, STORE_A, STORE_H_AND_A
 # consumers compute the tile, in place of plain loads one slice ahead (relu2_mlp's launch key A_TMA).
 # Its 64 KB buffer leaves room for two ring stages of 64-wide k-steps (A_TMA 1: `bwd_tma`, `bwd_a_tma`) or
 # four of 32 (A_TMA 2: `bwd_tma32`, `bwd_a_tma32`); not yet timed.
+_TILE = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "SUB_N": 64, "GROUP_M": 8, "STAGES": 3,
+         "EPI_WARPS": 4, "EPI_REGS": 128, "MAXNREG": 168, "A_TMA": 0}
 GLUON_CONFIG = {
-    "fwd": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "SUB_N": 64, "GROUP_M": 8, "STAGES": 3,
-            "EPI_WARPS": 4, "EPI_REGS": 128, "MAXNREG": 168, "A_TMA": 0},
-    "bwd": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "SUB_N": 64, "GROUP_M": 8, "STAGES": 3,
-            "EPI_WARPS": 4, "EPI_REGS": 128, "MAXNREG": 168, "A_TMA": 0},
-    "bwd_a": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "SUB_N": 64, "GROUP_M": 8, "STAGES": 3,
-              "EPI_WARPS": 4, "EPI_REGS": 152, "MAXNREG": 168, "A_TMA": 0},
-    "bwd_tma": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "SUB_N": 64, "GROUP_M": 8, "STAGES": 2,
-                "EPI_WARPS": 4, "EPI_REGS": 128, "MAXNREG": 168, "A_TMA": 1},
-    "bwd_a_tma": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "SUB_N": 64, "GROUP_M": 8, "STAGES": 2,
-                  "EPI_WARPS": 4, "EPI_REGS": 128, "MAXNREG": 168, "A_TMA": 1},
-    "bwd_tma32": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 32, "SUB_N": 64, "GROUP_M": 8, "STAGES": 4,
-                  "EPI_WARPS": 4, "EPI_REGS": 128, "MAXNREG": 168, "A_TMA": 2},
-    "bwd_a_tma32": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 32, "SUB_N": 64, "GROUP_M": 8, "STAGES": 4,
-                    "EPI_WARPS": 4, "EPI_REGS": 128, "MAXNREG": 168, "A_TMA": 2},
+    "fwd": dict(_TILE),
+    "bwd": dict(_TILE),
+    "bwd_a": {**_TILE, "EPI_REGS": 152},
+    "bwd_tma": {**_TILE, "STAGES": 2, "A_TMA": 1},
+    "bwd_a_tma": {**_TILE, "STAGES": 2, "A_TMA": 1},
+    "bwd_tma32": {**_TILE, "BLOCK_K": 32, "STAGES": 4, "A_TMA": 2},
+    "bwd_a_tma32": {**_TILE, "BLOCK_K": 32, "STAGES": 4, "A_TMA": 2},
 }
 NUM_WARPS = 8  # the default (consumer) partition: two warpgroups
 
