@@ -55,11 +55,12 @@ accumulator to shared memory and the wgmma drain at each tile's end.
 A_TMA (backward only, off by default; thirtieth session, not yet run on a GPU): the epilogue brings the
 saved tensor's whole 128 x 256 tile into a second 64 KB buffer by TMA (four slice loads on one
 mbarrier), the next tile's as soon as it has read this tile's last slice, i.e. while the consumers
-compute that next tile, and reads it from shared memory, in place of plain global loads one slice ahead. The backward from a costs ~470 us a call
-against cuBLAS's 318 (the forward, which loads nothing, 339), so the loads are the suspect. Its buffer
-leaves room for two ring stages of 64-wide k-steps (224 KB; A_TMA 1), or four of 32 (A_TMA 2).
-Before each tile's loads every epilogue thread fences its reads of the buffer for the async proxy and the
-partition synchronises (a CPU test reads this in the PTX).
+compute that next tile, and reads it from shared memory, in place of plain global loads one slice
+ahead. The backward from a costs 430-470 us a call against cuBLAS's 318 (the forward, which loads
+nothing, 339), so the loads are the suspect. Its buffer leaves room for two ring stages of 64-wide
+k-steps (224 KB; A_TMA 1), or four of 32 (A_TMA 2). Before each tile's loads every epilogue thread
+fences its reads of the buffer for the async proxy and the partition synchronises (a CPU test reads
+this in the PTX).
 
 Not ping-pong (two consumer warpgroups on alternate tiles, each with its own epilogue): that hides
 the accumulator write too, but each warpgroup then holds a whole tile's accumulator and its
