@@ -19,15 +19,17 @@ def _gluon():
     return G
 
 
-@pytest.mark.parametrize("epilogue,b_nk,a_tma", [
-    (R.STORE_H_AND_A, True, 0), (R.STORE_A, True, 0), (R.DRELU2, False, 0), (R.DRELU2_FROM_A, False, 0),
-    (R.DRELU2, False, 1), (R.DRELU2_FROM_A, False, 1), (R.DRELU2_FROM_A, False, 2)])
-def test_compiles_for_hopper_without_spills(epilogue, b_nk, a_tma):
+@pytest.mark.parametrize("epilogue,b_nk,a_tma,xtile", [
+    (R.STORE_H_AND_A, True, 0, 0), (R.STORE_A, True, 0, 0), (R.DRELU2, False, 0, 0), (R.DRELU2_FROM_A, False, 0, 0),
+    (R.DRELU2, False, 0, 1), (R.DRELU2_FROM_A, False, 0, 1),
+    (R.DRELU2, False, 1, 0), (R.DRELU2_FROM_A, False, 1, 0), (R.DRELU2_FROM_A, False, 2, 0)])
+def test_compiles_for_hopper_without_spills(epilogue, b_nk, a_tma, xtile):
     """Every variant compiles for sm_90 with no local memory (spills) and fits the H200's 227 KB of
     shared memory per block; 12 warps (two consumer warpgroups and the epilogue's). a_tma: the backward
-    whose epilogue TMA-loads the saved tensor's tile (its 64 KB buffer beside two ring stages)."""
+    whose epilogue TMA-loads the saved tensor's tile (its 64 KB buffer beside two ring stages); xtile: the
+    backward loading the next tile's first slice with this tile's last."""
     G = _gluon()
-    kernel = G.compile_offline(epilogue, b_nk, a_tma=a_tma)
+    kernel = G.compile_offline(epilogue, b_nk, {"XTILE": xtile}, a_tma=a_tma)
     usage = G.resource_usage(kernel.asm["cubin"])
     assert usage.get("LOCAL", 0) == 0 and usage.get("STACK", 0) == 0, usage
     assert kernel.metadata.shared <= 227 * 1024, kernel.metadata.shared
@@ -59,7 +61,7 @@ def test_a_kernel_that_cannot_compile_falls_back_once(monkeypatch):
     with pytest.warns(RuntimeWarning, match="using the Triton kernel"):
         assert G.try_launch(*args) is False
     assert G.try_launch(*args) is False and len(calls) == 1  # not retried
-    assert "TypeError" in G._FAILED[(R.DRELU2, 0)]
+    assert "TypeError" in G._FAILED[(R.DRELU2, 0, ())]
 
 
 def test_a_tma_option_reaches_the_gluon_backward(monkeypatch):
@@ -79,11 +81,14 @@ def test_a_tma_option_reaches_the_gluon_backward(monkeypatch):
     assert (tma32["A_TMA"], tma32["STAGES"], tma32["BLOCK_K"]) == (2, 4, 32) and G.config("bwd_a")["A_TMA"] == 0
     seen = []
     monkeypatch.setattr(R, "use_gluon", lambda device, cfg: True)
-    monkeypatch.setattr(G, "try_launch", lambda *args, a_tma=0: seen.append(a_tma) or True)
+    monkeypatch.setattr(G, "try_launch", lambda *args, a_tma=0, overrides=None: seen.append((a_tma, overrides)) or True)
     t = torch.zeros(1)
-    for text in ("bwd.A_TMA=1", "bwd.A_TMA=2", ""):
+    for text in ("bwd.A_TMA=1", "bwd.A_TMA=2", "", "bwd.XTILE=1,bwd.EPI_REGS=136"):
         R.launch(t, t, t, t, R.DRELU2_FROM_A, False, R.parse_options(text)["bwd"])
-    assert seen == [1, 2, 0]
+    assert seen == [(1, {"XTILE": 0}), (2, {"XTILE": 0}), (0, {"XTILE": 0}), (0, {"XTILE": 1, "EPI_REGS": 136})]
+    for bad in ("bwd.XTILE=2", "bwd.EPI_REGS=140", "bwd.EPI_REGS=16"):
+        with pytest.raises(ValueError, match="XTILE|EPI_REGS"):
+            R.parse_options(bad)
 
 
 def test_a_tma_epilogue_frees_its_buffer_before_each_load():
@@ -116,9 +121,10 @@ def _epilogue_reference(p, h=None):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("M,K,N", [(49152, 768, 3072), (1000, 200, 392), (77, 64, 264)])
+@pytest.mark.parametrize("M,K,N", [(49152, 768, 3072), (1000, 200, 392), (77, 64, 264), (20000, 256, 1000)])
 def test_gpu_matches_triton_kernel_and_epilogue_math(cuda, M, K, N):
-    """At the record's shape and ragged ones: h, a and g equal the Triton kernel's and the epilogue
+    """At the record's shape and ragged ones (the last with several tiles per program and a ragged last
+    tile, for XTILE's loads across tiles): h, a and g equal the Triton kernel's and the epilogue
     math applied to cuBLAS's product (the same 64-wide k-steps in the same order)."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Gluon kernel's wgmma needs compute capability 9.0")
@@ -144,12 +150,13 @@ def test_gpu_matches_triton_kernel_and_epilogue_math(cuda, M, K, N):
         ga = torch.empty_like(gh)  # the same g with relu(h) recovered from a
         ab = torch.relu(hb).square()
         (launch or (lambda *t: R.launch(*t, R.parse_options("GLUON=0")["bwd"])))(gy, w2, ab, ga, R.DRELU2_FROM_A, False)
-        if launch is not None:  # the epilogue loading the saved tensor by TMA (A_TMA), both ring shapes
-            for a_tma in (1, 2):
+        if launch is not None:  # the epilogue loading the saved tensor by TMA (A_TMA), both ring shapes,
+            # and loading the next tile's first slice with this tile's last (XTILE)
+            for a_tma, xtile in ((1, 0), (2, 0), (0, 1)):
                 for epilogue, saved, want in ((R.DRELU2, hb, gh), (R.DRELU2_FROM_A, ab, ga)):
                     got = torch.full_like(gh, 7.0)
-                    launch(gy, w2, saved, got, epilogue, False, a_tma=a_tma)
-                    assert torch.equal(got, want), (epilogue, a_tma, (got != want).float().mean().item())
+                    launch(gy, w2, saved, got, epilogue, False, {"XTILE": xtile}, a_tma=a_tma)
+                    assert torch.equal(got, want), (epilogue, a_tma, xtile, (got != want).float().mean().item())
         outs[name] = (h, a, gh, ga)
     torch.cuda.synchronize()
     h_ref = x @ w1.T

@@ -11,8 +11,9 @@ of the epilogue math on cuBLAS's product; then at M=49152, K=768, N=3072 (seeded
 forward (h and a; and a alone) and backward (g) with `relu2_mlp.launch` (its KERNEL_CONFIG) and
 `relu2_gluon.launch`: for every output the share of elements that differ and the largest absolute
 difference, Gluon against Triton and against cuBLAS + torch; medians of 20 timed calls (CUDA events,
-5 warm-up calls) of both kernels and of cuBLAS's plain products. JSON to OUT.json after each stage,
-a summary on stdout.
+5 warm-up calls) of both kernels and of cuBLAS's plain products; last, the Gluon kernels' variants and
+cuBLAS timed in turns after a warm-up (`cuda_timing.interleaved_us`: the figures to compare on a
+power-capped card). JSON to OUT.json after each stage, a summary on stdout.
 """
 
 import json
@@ -29,6 +30,13 @@ RAGGED = [(1000, 200, 392), (77, 64, 264), (300, 136, 520)]  # (M, K, N); N, K m
 # The A_TMA backward's ring shapes timed (relu2_gluon.GLUON_CONFIG: A_TMA 1, 2 stages of 64-wide k-steps;
 # 2, 4 stages of 32-wide ones)
 TMA_RINGS = {"k64x2": 1, "k32x4": 2}
+# Launch variants of the backward from a (GLUON_CONFIG["bwd_a"] with these entries over it), timed in
+# alternating passes against the default: XTILE (the next tile's first slice loaded with this tile's
+# last) and the epilogue's register share (EPI_REGS; the consumers keep the rest)
+BWD_A_VARIANTS = {"xtile": {"XTILE": 1}, "regs160": {"EPI_REGS": 160}, "regs160_xtile": {"EPI_REGS": 160, "XTILE": 1},
+                  "regs136_xtile": {"EPI_REGS": 136, "XTILE": 1}}
+PASSES = 3
+STEADY_ROUNDS = 60  # cuda_timing.interleaved_us rounds of the last comparison (every kernel in turn)
 
 
 # --------------------------------------------------------------------------- compile-only (CPU)
@@ -164,7 +172,7 @@ def ragged_checks(G, dev):
 
 
 def device_bench(out_path):
-    from cuda_timing import median_us
+    from cuda_timing import interleaved_us, median_us
 
     from speedrun import relu2_gluon as G
     from speedrun import relu2_mlp as R
@@ -236,12 +244,51 @@ def device_bench(out_path):
     res["us"].update({f"bwd_gluon_from_a_tma_{n}": time(fn) for n, fn in tma_fns.items()})
     print("bwd_a_tma_check (share differing, max abs diff)", _fmt(res["bwd_a_tma_check"]), flush=True)
     save()
+    variant_bench(res, G, (g_y, proj_w, a_saved, g_a), (h, g_g), time)
+    save()
+    steady = {"fwd_gluon_store_a": fwd_ga, "fwd_cublas": lambda: x @ fc_w.T, "bwd_gluon_from_h": bwd_g,
+              "bwd_gluon_from_a": bwd_a, "bwd_cublas": lambda: g_y @ proj_w,
+              "bwd_gluon_from_a_tma_k64x2": tma_fns["k64x2"]}
+    steady.update({f"bwd_gluon_from_a_{n}": (lambda cfg=cfg: G.launch(g_y, proj_w, a_saved, torch.empty_like(g_a),
+                                                                     G.DRELU2_FROM_A, False, cfg))
+                   for n, cfg in BWD_A_VARIANTS.items()})
+    res["steady_us"] = interleaved_us(steady, rounds=STEADY_ROUNDS)
+    save()
     us = res["us"]
     print(f"forward  us: triton {us['fwd_triton']:.1f}  gluon {us['fwd_gluon']:.1f} "
           f"(store_a {us['fwd_gluon_store_a']:.1f})  cublas {us['fwd_cublas']:.1f}")
     print(f"backward us: triton {us['bwd_triton']:.1f}  gluon {us['bwd_gluon']:.1f}  cublas {us['bwd_cublas']:.1f}")
     print("backward from a us: gluon {:.1f}, a by TMA: {}".format(us["bwd_gluon_from_a"], ", ".join(
         f"{n} {us['bwd_gluon_from_a_tma_' + n]:.1f}" for n in TMA_RINGS)))
+    print("backward from a, passes of (default, " + ", ".join(BWD_A_VARIANTS) + ") us:")
+    for row in res["bwd_a_passes_us"]:
+        print("   ", "  ".join(f"{v:.1f}" for v in row))
+    print("backward from h, (default, XTILE) us:", res["bwd_h_xtile_us"])
+    print("steady (interleaved after a warm-up) us:", {k: round(v, 1) for k, v in res["steady_us"].items()})
+
+
+def variant_bench(res, G, from_a, from_h, time):
+    """BWD_A_VARIANTS of the backward from a: g against the default's (from_a = (g_y, proj_w, a, g)),
+    then PASSES passes timing the default and each variant in turn; XTILE of the backward from h too."""
+    g_y, proj_w, a_saved, g_a = from_a
+    h, g_h = from_h
+    fns, res["bwd_a_variant_check"] = {}, {}
+    for name, cfg in BWD_A_VARIANTS.items():
+        out = torch.full_like(g_a, 7.0)
+        fns[name] = lambda out=out, cfg=cfg: G.launch(g_y, proj_w, a_saved, out, G.DRELU2_FROM_A, False, cfg)
+        fns[name]()
+        torch.cuda.synchronize()
+        res["bwd_a_variant_check"][name] = diff(out, g_a)
+    out_h = torch.full_like(g_h, 7.0)
+    h_x = lambda: G.launch(g_y, proj_w, h, out_h, G.DRELU2, False, {"XTILE": 1})  # noqa: E731
+    h_x()
+    torch.cuda.synchronize()
+    res["bwd_a_variant_check"]["from_h_xtile"] = diff(out_h, g_h)
+    print("bwd_a_variant_check (share differing, max abs diff)", _fmt(res["bwd_a_variant_check"]), flush=True)
+    default = lambda: G.launch(g_y, proj_w, a_saved, g_a, G.DRELU2_FROM_A, False)  # noqa: E731
+    res["bwd_a_passes_us"] = [[time(fn) for fn in (default, *fns.values())] for _ in range(PASSES)]
+    res["bwd_a_variant_names"] = ["default", *fns]
+    res["bwd_h_xtile_us"] = [time(lambda: G.launch(g_y, proj_w, h, g_h, G.DRELU2, False)), time(h_x)]
 
 
 if __name__ == "__main__":

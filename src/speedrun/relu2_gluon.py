@@ -52,7 +52,7 @@ two: the consumers wait for the epilogue only if it takes longer than a tile's m
 the record's shape; the epilogue needs a few). Not overlapped: the consumers' own write of the
 accumulator to shared memory and the wgmma drain at each tile's end.
 
-A_TMA (backward only, off by default; thirtieth session, not yet run on a GPU): the epilogue brings the
+A_TMA (backward only, off: measured slower in the thirty-first session): the epilogue brings the
 saved tensor's whole 128 x 256 tile into a second 64 KB buffer by TMA (four slice loads on one
 mbarrier), the next tile's as soon as it has read this tile's last slice, i.e. while the consumers
 compute that next tile, and reads it from shared memory, in place of plain global loads one slice
@@ -60,7 +60,14 @@ ahead. The backward from a costs 430-470 us a call against cuBLAS's 318 (the for
 nothing, 339), so the loads are the suspect. Its buffer leaves room for two ring stages of 64-wide
 k-steps (224 KB; A_TMA 1), or four of 32 (A_TMA 2). Before each tile's loads every epilogue thread
 fences its reads of the buffer for the async proxy and the partition synchronises (a CPU test reads
-this in the PTX).
+this in the PTX). Measured on an H200, bit-equal, 596-642 us a call against the plain loads' 422-476:
+two ring stages starve the products (128 k-columns in flight against three stages' 192), and when the
+epilogue is the slower partition the next tile's load is waited for in full at the tile's start.
+
+XTILE (backward, off: no gain in the step): the plain loads run one slice ahead across tiles too, the
+next tile's first slice loaded with this tile's last rather than after this tile's stores drain.
+Timed in turns on a settled clock it took 460 against 476 us a call (452 with EPI_REGS 136), but two
+A/B rounds of the training step each showed no difference beyond noise (thirty-first session).
 
 Not ping-pong (two consumer warpgroups on alternate tiles, each with its own epilogue): that hides
 the accumulator write too, but each warpgroup then holds a whole tile's accumulator and its
@@ -91,15 +98,17 @@ from speedrun.relu2_mlp import DRELU2, DRELU2_FROM_A, STORE_A, STORE_H_AND_A
 # Per direction. MAXNREG: registers a thread at launch (12 warps x 32 x 168 = 64,512 of the SM's 65,536);
 # EPI_REGS: what the epilogue warpgroup keeps after `setmaxnreg` (the consumer warpgroups get the rest,
 # (12 x 168 - 4 x EPI_REGS) / 8 rounded down to 8: 184). SUB_N: the epilogue's column slice. Chosen by
-# the compile check (no spills; 120 epilogue registers spill in the backward), not yet timed. bwd_a: the
+# the compile check (no spills; 120 epilogue registers spill in the backward). bwd_a: the
 # backward with relu(h) from a (DRELU2_FROM_A); its square roots need more epilogue registers (at 128 and
 # 136 ptxas spills a few to the stack, Triton 3.9's ptxas), so the consumers keep 176.
 # A_TMA: the backward's epilogue brings the saved tensor's whole tile into shared memory by TMA while the
 # consumers compute the tile, in place of plain loads one slice ahead (relu2_mlp's launch key A_TMA).
 # Its 64 KB buffer leaves room for two ring stages of 64-wide k-steps (A_TMA 1: `bwd_tma`, `bwd_a_tma`) or
-# four of 32 (A_TMA 2: `bwd_tma32`, `bwd_a_tma32`); not yet timed.
+# four of 32 (A_TMA 2: `bwd_tma32`, `bwd_a_tma32`); both measured slower (module docstring).
+# XTILE (the backward's plain loads one slice ahead across tiles too) and EPI_REGS can be set from
+# relu2_mlp's launch keys of the same names (relu2_mlp.gluon_overrides); no step gain measured.
 _TILE = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "SUB_N": 64, "GROUP_M": 8, "STAGES": 3,
-         "EPI_WARPS": 4, "EPI_REGS": 128, "MAXNREG": 168, "A_TMA": 0}
+         "EPI_WARPS": 4, "EPI_REGS": 128, "MAXNREG": 168, "A_TMA": 0, "XTILE": 0}
 GLUON_CONFIG = {
     "fwd": dict(_TILE),
     "bwd": dict(_TILE),
@@ -306,22 +315,35 @@ def _build():
 
     @gluon.jit
     def _epilogue_bwd(h_ptr, out_desc, e_buf, acc_ready, acc_free, M, N,
-                      FROM_A: gl.constexpr, GROUP_M: gl.constexpr, EPI_WARPS: gl.constexpr):
+                      FROM_A: gl.constexpr, GROUP_M: gl.constexpr, EPI_WARPS: gl.constexpr, XTILE: gl.constexpr):
         """g = bf16(p · 2h where h > 0, else 0) slice by slice; h loaded one slice ahead, the first
-        slice's before waiting for the accumulator. FROM_A: h_ptr holds a, and h = bf16(sqrt(a))."""
+        slice's before waiting for the accumulator. FROM_A: h_ptr holds a, and h = bf16(sqrt(a)).
+        XTILE: the next tile's first slice is loaded with this tile's last (one slice ahead across
+        tiles too), not after this tile's stores drain."""
         BM: gl.constexpr = e_buf.shape[0]
         BN: gl.constexpr = e_buf.shape[1]
         SUB: gl.constexpr = out_desc.block_type.shape[1]
         SPLIT: gl.constexpr = BN // SUB
         layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [EPI_WARPS, 1], [1, 0])
         t = 0
+        if XTILE:
+            first_m, first_n = _tile_origin(gl.program_id(0), M, N, BM, BN, GROUP_M)
+            h_next = _load_h(h_ptr, first_m, first_n, M, N, BM, SUB, layout)
         for tile in range(gl.program_id(0), gl.cdiv(M, BM) * gl.cdiv(N, BN), gl.num_programs(0)):
             off_m, off_n = _tile_origin(tile, M, N, BM, BN, GROUP_M)
-            h = _relu_of(_load_h(h_ptr, off_m, off_n, M, N, BM, SUB, layout), FROM_A)
+            if XTILE:
+                h = _relu_of(h_next, FROM_A)
+            else:
+                h = _relu_of(_load_h(h_ptr, off_m, off_n, M, N, BM, SUB, layout), FROM_A)
             mbarrier.wait(acc_ready, t & 1)
             for j in gl.static_range(SPLIT):
                 if j + 1 < SPLIT:
                     h_next = _load_h(h_ptr, off_m, off_n + (j + 1) * SUB, M, N, BM, SUB, layout)
+                elif XTILE:  # the next tile's first slice; none past the last tile (all rows masked)
+                    nxt = tile + gl.num_programs(0)
+                    n_tiles = gl.cdiv(M, BM) * gl.cdiv(N, BN)
+                    next_m, next_n = _tile_origin(gl.minimum(nxt, n_tiles - 1), M, N, BM, BN, GROUP_M)
+                    h_next = _load_h(h_ptr, next_m, next_n, M * (nxt < n_tiles).to(gl.int32), N, BM, SUB, layout)
                 _g_slice(e_buf.slice(j * SUB, SUB, 1), h, out_desc, off_m, off_n + j * SUB, layout)
                 if j + 1 < SPLIT:  # the root here, with this slice's registers free (no spills)
                     h = _relu_of(h_next, FROM_A)
@@ -392,7 +414,8 @@ def _build():
     def _relu2_ws_kernel(a_desc, b_desc, h_desc, out_desc, h_ptr, M, N, K,
                          EPILOGUE: gl.constexpr, B_NK: gl.constexpr, BLOCK_N: gl.constexpr,
                          GROUP_M: gl.constexpr, STAGES: gl.constexpr, EPI_WARPS: gl.constexpr,
-                         EPI_REGS: gl.constexpr, A_TMA: gl.constexpr, num_warps: gl.constexpr):
+                         EPI_REGS: gl.constexpr, A_TMA: gl.constexpr, XTILE: gl.constexpr,
+                         num_warps: gl.constexpr):
         """P = A B (A (M, K); B (N, K) if B_NK else (K, N)) tile by tile, epilogue by EPILOGUE
         (0 h and a, 1 g from h, 2 a only, 3 g from a: relu2_mlp's codes). Persistent: grid <= tiles.
         A_TMA (backward): h_desc describes the saved tensor, loaded a tile at a time by TMA."""
@@ -413,7 +436,7 @@ def _build():
                 (_mma_partition, (a_desc, b_desc, a_bufs, b_bufs, e_buf, ready, acc_ready, acc_free, h_ptr, M, N, K,
                                   B_NK, GROUP_M, False, num_warps)),
                 (_epilogue_bwd, (h_ptr, out_desc, e_buf, acc_ready, acc_free, M, N, EPILOGUE == 3, GROUP_M,
-                                 EPI_WARPS)),
+                                 EPI_WARPS, XTILE)),
             ], [EPI_WARPS], [EPI_REGS])
         else:
             gl.warp_specialize([
@@ -455,7 +478,7 @@ def kernel_constexprs(epilogue: int, b_nk: bool, cfg: dict) -> dict:
     """The kernel's constexpr arguments (by name) for a launch configuration."""
     return {"EPILOGUE": epilogue, "B_NK": b_nk, "BLOCK_N": cfg["BLOCK_N"], "GROUP_M": cfg["GROUP_M"],
             "STAGES": cfg["STAGES"], "EPI_WARPS": cfg["EPI_WARPS"], "EPI_REGS": cfg["EPI_REGS"],
-            "A_TMA": cfg["A_TMA"] > 0}
+            "A_TMA": cfg["A_TMA"] > 0, "XTILE": cfg["XTILE"] > 0}
 
 
 @functools.lru_cache(maxsize=None)
@@ -463,22 +486,24 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-_FAILED: dict[tuple[int, int], str] = {}  # (epilogue, a_tma) -> why its kernel could not be built here
+_FAILED: dict[tuple, str] = {}  # (epilogue, a_tma, overrides) -> why its kernel could not be built here
 
 
 def try_launch(a: Tensor, b: Tensor, h: Tensor, out: Tensor, epilogue: int, b_nk: bool,
-               a_tma: int = 0) -> bool:
-    """`launch`, or False (with one warning per variant) when the kernel cannot be compiled here.
+               a_tma: int = 0, overrides: dict | None = None) -> bool:
+    """`launch` (overrides: GLUON_CONFIG entries, e.g. XTILE, EPI_REGS), or False (with one warning per
+    variant) when the kernel cannot be compiled here.
     Gluon is experimental: a Triton other than the 3.6 it was written and measured on may reject it,
     and the caller's Triton kernel computes the same bits. A failure is remembered for the process."""
-    variant = (epilogue, a_tma)
+    variant = (epilogue, a_tma, tuple(sorted((overrides or {}).items())))
     if variant in _FAILED:
         return False
     try:
-        launch(a, b, h, out, epilogue, b_nk, a_tma=a_tma)
+        launch(a, b, h, out, epilogue, b_nk, cfg=overrides, a_tma=a_tma)
     except Exception as e:  # noqa: BLE001 - any compile failure; CUDA errors resurface on the next op
         _FAILED[variant] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
-        warnings.warn(f"relu2_gluon: the Gluon kernel (epilogue {epilogue}, a_tma {a_tma}) failed here "
+        warnings.warn(f"relu2_gluon: the Gluon kernel (epilogue {epilogue}, a_tma {a_tma}, {overrides or {}}) "
+                      f"failed here "
                       f"({_FAILED[variant]}); using the Triton kernel", RuntimeWarning, stacklevel=2)
         return False
     return True

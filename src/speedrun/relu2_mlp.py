@@ -85,14 +85,17 @@ from speedrun.kernel_choice import TRITON_FOUND, built_once, pick_impl
 # relu(h) from it in the backward's epilogue (module docstring); 0 saves h as well, as before.
 # A_TMA (read by the Gluon backward only): its epilogue loads the saved tensor a whole tile at a time by
 # TMA while the tile's products run, in place of plain loads one slice ahead, beside two 64-wide ring
-# stages (1) or four 32-wide ones (2) (relu2_gluon.GLUON_CONFIG's `*_tma`, `*_tma32` entries); written in
-# the thirtieth session, not yet run on a GPU, so off (0).
+# stages (1) or four 32-wide ones (2) (relu2_gluon.GLUON_CONFIG's `*_tma`, `*_tma32` entries); measured
+# slower in the thirty-first session (596-642 against 422-476 us a call), so off (0).
+# XTILE, EPI_REGS (read by the Gluon backward only): its plain loads one slice ahead across tiles too;
+# the epilogue warpgroup's registers (0: relu2_gluon.GLUON_CONFIG's). Bit-equal; per call a little faster,
+# in the training step no gain (thirty-first session), so off (0).
 KERNEL_CONFIG = {
     "fwd": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "EPI_SPLIT": 2, "PERSISTENT": 1,
-            "H_PTR": 0, "WARP_SPEC": 0, "GLUON": 0, "FROM_A": 1, "A_TMA": 0,
+            "H_PTR": 0, "WARP_SPEC": 0, "GLUON": 0, "FROM_A": 1, "A_TMA": 0, "XTILE": 0, "EPI_REGS": 0,
             "num_stages": 4, "num_warps": 8},
     "bwd": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "EPI_SPLIT": 2, "PERSISTENT": 1,
-            "H_PTR": 1, "WARP_SPEC": 0, "GLUON": 1, "FROM_A": 1, "A_TMA": 0,
+            "H_PTR": 1, "WARP_SPEC": 0, "GLUON": 1, "FROM_A": 1, "A_TMA": 0, "XTILE": 0, "EPI_REGS": 0,
             "num_stages": 3, "num_warps": 8},
 }
 KEYS = tuple(KERNEL_CONFIG["fwd"])
@@ -104,6 +107,16 @@ STORE_H_AND_A, DRELU2, STORE_A, DRELU2_FROM_A = 0, 1, 2, 3
 def reference(x: Tensor, fc_w: Tensor, proj_w: Tensor) -> Tensor:
     """The MLP as the model writes it without the kernel."""
     return F.linear(F.relu(F.linear(x, fc_w)).square(), proj_w)
+
+
+def _valid(c: dict[str, int]) -> bool:
+    """One direction's launch keys within their ranges (parse_options' message lists them)."""
+    blocks = [c[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K")]
+    flags = [c[k] for k in ("PERSISTENT", "H_PTR", "WARP_SPEC", "GLUON", "FROM_A", "XTILE")]
+    regs = c["EPI_REGS"]
+    return (all(b >= 16 and not b & (b - 1) for b in blocks) and c["EPI_SPLIT"] in (1, 2, 4)
+            and all(f in (0, 1) for f in flags) and 0 <= c["A_TMA"] <= 2
+            and (regs == 0 or (regs % 8 == 0 and 24 <= regs <= 256)))
 
 
 def parse_options(text: str) -> dict[str, dict[str, int]]:
@@ -120,11 +133,10 @@ def parse_options(text: str) -> dict[str, dict[str, int]]:
         for d in dirs:
             out[d][name] = int(value)
     for d, c in out.items():
-        blocks = [c[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K")]
-        if any(b < 16 or b & (b - 1) for b in blocks) or c["EPI_SPLIT"] not in (1, 2, 4) or any(
-                c[k] not in (0, 1) for k in ("PERSISTENT", "H_PTR", "WARP_SPEC", "GLUON", "FROM_A")) or c["A_TMA"] > 2:
+        if not _valid(c):
             raise ValueError(f"mlp kernel options ({d}): BLOCK_M/N/K powers of two >= 16, EPI_SPLIT 1, 2 or 4, "
-                             f"PERSISTENT, H_PTR, WARP_SPEC, GLUON and FROM_A 0 or 1, A_TMA 0, 1 or 2; got {c}")
+                             f"PERSISTENT, H_PTR, WARP_SPEC, GLUON, FROM_A and XTILE 0 or 1, A_TMA 0, 1 or 2, "
+                             f"EPI_REGS 0 or a multiple of 8 from 24 to 256; got {c}")
     return out
 
 
@@ -357,13 +369,19 @@ def _capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index if index >= 0 else None)
 
 
+def gluon_overrides(cfg: dict[str, int]) -> dict[str, int]:
+    """The GLUON_CONFIG entries a launch configuration sets: XTILE, and EPI_REGS where not 0."""
+    return {"XTILE": cfg.get("XTILE", 0), **({"EPI_REGS": cfg["EPI_REGS"]} if cfg.get("EPI_REGS") else {})}
+
+
 def launch(a: Tensor, b: Tensor, h: Tensor, out: Tensor, epilogue: int, b_nk: bool, cfg: dict[str, int]) -> None:
     """out (and h) from P = a @ (b.T if b_nk else b) with `epilogue` (STORE_H_AND_A, DRELU2, STORE_A,
     DRELU2_FROM_A with the saved a passed as h); all bfloat16 and contiguous, h (0,)-shaped with
     STORE_A. The Gluon kernel where `use_gluon` says."""
     if use_gluon(a.device, cfg):
         from speedrun import relu2_gluon
-        if relu2_gluon.try_launch(a, b, h, out, epilogue, b_nk, a_tma=cfg.get("A_TMA", 0)):
+        if relu2_gluon.try_launch(a, b, h, out, epilogue, b_nk, a_tma=cfg.get("A_TMA", 0),
+                                      overrides=gluon_overrides(cfg)):
             return
     kernel = _build_kernel()
     from triton.tools.tensor_descriptor import TensorDescriptor
