@@ -129,6 +129,15 @@ gpu_tests() {  # gpu_tests NAME SECONDS FILES...: those files' GPU tests (no byt
   echo "$(date +%T) GPU tests ($name): exit $rc | $(tail -1 "$RES/gpu-tests-$name.log")"
 }
 
+gluon_tests_and_bench() {  # gluon_tests_and_bench SECONDS: the Gluon GPU tests, then relu2_gluon_bench.py, each
+  # at most SECONDS [gpu-tests-gluon.log, relu2-gluon.json, relu2-gluon.log]; status 1 if the tests did not pass
+  gpu_tests gluon "$1" tests/test_relu2_gluon.py
+  (cd scripts/device && timeout "$1" python3 relu2_gluon_bench.py "$RES/relu2-gluon.json") > "$RES/relu2-gluon.log" 2>&1
+  grep -E "check|us" "$RES/relu2-gluon.log"
+  grep -q " passed" "$RES/gpu-tests-gluon.log" && ! grep -q "failed" "$RES/gpu-tests-gluon.log" && return 0
+  echo "$(date +%T) the Gluon GPU tests did not pass"; return 1
+}
+
 ab_rounds() {  # ab_rounds CACHE DEFAULT-ROUNDS NAME-A "ARGS-A" NAME-B "ARGS-B": A/B per round on one cache
   # (rounds $AB_ROUNDS when set; no round starts after the epoch second $AB_DEADLINE when set)
   local cache=$1 rounds=$2 r

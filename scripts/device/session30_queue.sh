@@ -20,11 +20,7 @@ atma_queue() {
   bytecode_on
   clocks_log clocks.csv
   local deadline=$(( $(date +%s) + ${AB_BUDGET:-400} ))
-  gpu_tests gluon 200 tests/test_relu2_gluon.py
-  (cd scripts/device && timeout 200 python3 relu2_gluon_bench.py "$RES/relu2-gluon.json") > "$RES/relu2-gluon.log" 2>&1
-  grep -E "check|us:" "$RES/relu2-gluon.log"
-  grep -q " passed" "$RES/gpu-tests-gluon.log" && ! grep -q "failed" "$RES/gpu-tests-gluon.log" || {
-    echo "$(date +%T) the Gluon GPU tests did not pass: no A/B"; return; }
+  gluon_tests_and_bench 200 || { echo "$(date +%T) no A/B"; return; }
   local arm  # the faster ring shape, if it beats the plain loads per call
   arm=$(python3 - "$RES/relu2-gluon.json" <<'PY'
 import json, sys

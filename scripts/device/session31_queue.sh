@@ -24,11 +24,7 @@ xtile_queue() {
   bytecode_on
   clocks_log clocks.csv
   local deadline=$(( $(date +%s) + ${AB_BUDGET:-300} ))
-  gpu_tests gluon 240 tests/test_relu2_gluon.py
-  (cd scripts/device && timeout 240 python3 relu2_gluon_bench.py "$RES/relu2-gluon.json") > "$RES/relu2-gluon.log" 2>&1
-  grep -E "check|us" "$RES/relu2-gluon.log"
-  grep -q " passed" "$RES/gpu-tests-gluon.log" && ! grep -q "failed" "$RES/gpu-tests-gluon.log" || {
-    echo "$(date +%T) the Gluon GPU tests did not pass: no A/B"; return; }
+  gluon_tests_and_bench 240 || { echo "$(date +%T) no A/B"; return; }
   local gain  # default minus XTILE, µs a call, medians over the passes
   gain=$(python3 - "$RES/relu2-gluon.json" <<'PY'
 import json, statistics, sys
