@@ -13,6 +13,9 @@
 #   regs    A/B rounds of `speedrun bench` on one cache: the default against
 #           --set model.mlp_options=bwd.XTILE=1,bwd.EPI_REGS=136 (the steady per-call timings' best; no
 #           new bench starts after ${AB_BUDGET:-230} s) [all.done, q.log]
+#   prof    for the next session: `speedrun bench --profile` of the default and of
+#           bwd.XTILE=1,bwd.EPI_REGS=136 on one cache, to see whether the per-call gain (451 against 476 µs
+#           in turns) reaches the kernel inside the step [prof-*.txt, ab-prof_*.log, all.done, q.log]
 #   full    the default pair of proxy212 runs (common.sh's full_pair) [full.done, q-full.log]
 #   full-x  the same pair with --set model.mlp_options=bwd.XTILE=1 [full.done, q-full.log]
 #   wait S [D [LOG]]  follow until $RES/D.done or S seconds; tar results into $OUT
@@ -48,9 +51,14 @@ case "${1:-}" in
   regs) ( bytecode_on; clocks_log clocks.csv; AB_DEADLINE=$(( $(date +%s) + ${AB_BUDGET:-230} ))
     AB_DEADLINE=$AB_DEADLINE ab_rounds ab31r "1 2" plain "" "x136_" "--set model.mlp_options=bwd.XTILE=1,bwd.EPI_REGS=136"
     touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
+  prof) ( bytecode_on; clocks_log clocks.csv
+    AB_CACHE=ab31p ab_shared prof_plain --profile "$RES/prof-plain.txt"
+    AB_CACHE=ab31p ab_shared prof_x136 --profile "$RES/prof-x136.txt" --set model.mlp_options=bwd.XTILE=1,bwd.EPI_REGS=136
+    grep -h -i "relu2" "$RES"/prof-*.txt
+    touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
   full) full_pair ;;
   full-x) echo "--set model.mlp_options=bwd.XTILE=1" > /tmp/train-extra.txt
     TRAIN_EXTRA_FILE=/tmp/train-extra.txt full_pair ;;
   wait) follow_and_collect "${2:-560}" "$RES/${3:-all}.done" "$RES/${4:-q.log}"; exit $? ;;
-  *) echo "usage: $0 xtile | steady | regs | full | full-x | wait SECONDS [DONE-NAME [LOG]]" >&2; exit 2 ;;
+  *) echo "usage: $0 xtile | steady | regs | prof | full | full-x | wait SECONDS [DONE-NAME [LOG]]" >&2; exit 2 ;;
 esac
