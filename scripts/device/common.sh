@@ -129,6 +129,13 @@ gpu_tests() {  # gpu_tests NAME SECONDS FILES...: those files' GPU tests (no byt
   echo "$(date +%T) GPU tests ($name): exit $rc | $(tail -1 "$RES/gpu-tests-$name.log")"
 }
 
+measure_start() {  # measure_start [SECONDS]: a measuring queue's start, inside its logged subshell: bytecode kept,
+  # the clock and power log (clocks.csv), and AB_DEADLINE (exported) SECONDS from now for ab_rounds
+  bytecode_on
+  clocks_log clocks.csv
+  export AB_DEADLINE=$(( $(date +%s) + ${1:-9999999} ))
+}
+
 gluon_tests_and_bench() {  # gluon_tests_and_bench SECONDS: the Gluon GPU tests, then relu2_gluon_bench.py, each
   # at most SECONDS [gpu-tests-gluon.log, relu2-gluon.json, relu2-gluon.log]; status 1 if the tests did not pass
   gpu_tests gluon "$1" tests/test_relu2_gluon.py

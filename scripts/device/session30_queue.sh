@@ -17,9 +17,7 @@ set -u
 source scripts/device/common.sh
 
 atma_queue() {
-  bytecode_on
-  clocks_log clocks.csv
-  local deadline=$(( $(date +%s) + ${AB_BUDGET:-400} ))
+  measure_start "${AB_BUDGET:-400}"
   gluon_tests_and_bench 200 || { echo "$(date +%T) no A/B"; return; }
   local arm  # the faster ring shape, if it beats the plain loads per call
   arm=$(python3 - "$RES/relu2-gluon.json" <<'PY'
@@ -32,7 +30,7 @@ PY
 )
   [ -n "$arm" ] || { echo "$(date +%T) no A_TMA ring beat the plain loads per call: no A/B"; return; }
   echo "$(date +%T) A/B of bwd.A_TMA=$arm"
-  AB_DEADLINE=$deadline ab_rounds ab30 "1 2 3" plain "" "atma${arm}_" "--set model.mlp_options=bwd.A_TMA=$arm"
+  ab_rounds ab30 "1 2 3" plain "" "atma${arm}_" "--set model.mlp_options=bwd.A_TMA=$arm"
 }
 
 case "${1:-}" in

@@ -24,9 +24,7 @@ set -u
 source scripts/device/common.sh
 
 xtile_queue() {
-  bytecode_on
-  clocks_log clocks.csv
-  local deadline=$(( $(date +%s) + ${AB_BUDGET:-300} ))
+  measure_start "${AB_BUDGET:-300}"
   gluon_tests_and_bench 240 || { echo "$(date +%T) no A/B"; return; }
   local gain  # default minus XTILE, µs a call, medians over the passes
   gain=$(python3 - "$RES/relu2-gluon.json" <<'PY'
@@ -39,19 +37,19 @@ PY
 )
   echo "$(date +%T) XTILE gain per call: $gain us"
   python3 -c "import sys; sys.exit(0 if float('$gain') >= 5 else 1)" || { echo "$(date +%T) no A/B"; return; }
-  AB_DEADLINE=$deadline ab_rounds ab31 "1 2" plain "" "xtile" "--set model.mlp_options=bwd.XTILE=1"
+  ab_rounds ab31 "1 2" plain "" "xtile" "--set model.mlp_options=bwd.XTILE=1"
 }
 
 case "${1:-}" in
   xtile) check_start; ( xtile_queue; touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
-  steady) ( bytecode_on; clocks_log clocks.csv
+  steady) ( measure_start
     (cd scripts/device && timeout 150 python3 relu2_gluon_bench.py "$RES/relu2-gluon.json") > "$RES/relu2-gluon.log" 2>&1
     grep -E "check|us" "$RES/relu2-gluon.log"
     gpu_suite_inline ) > "$RES/q.log" 2>&1 ;;
-  regs) ( bytecode_on; clocks_log clocks.csv; AB_DEADLINE=$(( $(date +%s) + ${AB_BUDGET:-230} ))
-    AB_DEADLINE=$AB_DEADLINE ab_rounds ab31r "1 2" plain "" "x136_" "--set model.mlp_options=bwd.XTILE=1,bwd.EPI_REGS=136"
+  regs) ( measure_start "${AB_BUDGET:-230}"
+    ab_rounds ab31r "1 2" plain "" "x136_" "--set model.mlp_options=bwd.XTILE=1,bwd.EPI_REGS=136"
     touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
-  prof) ( bytecode_on; clocks_log clocks.csv
+  prof) ( measure_start
     AB_CACHE=ab31p ab_shared prof_plain --profile "$RES/prof-plain.txt"
     AB_CACHE=ab31p ab_shared prof_x136 --profile "$RES/prof-x136.txt" --set model.mlp_options=bwd.XTILE=1,bwd.EPI_REGS=136
     grep -h -i "relu2" "$RES"/prof-*.txt

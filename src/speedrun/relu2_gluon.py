@@ -257,13 +257,12 @@ def _build():
 
     @gluon.jit
     def _epilogue_fwd(h_desc, out_desc, e_buf, acc_ready, acc_free, M, N,
-                      STORE_H: gl.constexpr, GROUP_M: gl.constexpr, EPI_WARPS: gl.constexpr):
+                      STORE_H: gl.constexpr, GROUP_M: gl.constexpr, layout: gl.constexpr):
         """h = p (TMA-stored from the buffer), then a = bf16(relu(p)²) slice by slice, written over p."""
         BM: gl.constexpr = e_buf.shape[0]
         BN: gl.constexpr = e_buf.shape[1]
         SUB: gl.constexpr = out_desc.block_type.shape[1]
         SPLIT: gl.constexpr = BN // SUB
-        layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [EPI_WARPS, 1], [1, 0])
         t = 0
         for tile in range(gl.program_id(0), gl.cdiv(M, BM) * gl.cdiv(N, BN), gl.num_programs(0)):
             off_m, off_n = _tile_origin(tile, M, N, BM, BN, GROUP_M)
@@ -315,7 +314,7 @@ def _build():
 
     @gluon.jit
     def _epilogue_bwd(h_ptr, out_desc, e_buf, acc_ready, acc_free, M, N,
-                      FROM_A: gl.constexpr, GROUP_M: gl.constexpr, EPI_WARPS: gl.constexpr, XTILE: gl.constexpr):
+                      FROM_A: gl.constexpr, GROUP_M: gl.constexpr, layout: gl.constexpr, XTILE: gl.constexpr):
         """g = bf16(p · 2h where h > 0, else 0) slice by slice; h loaded one slice ahead, the first
         slice's before waiting for the accumulator. FROM_A: h_ptr holds a, and h = bf16(sqrt(a)).
         XTILE: the next tile's first slice is loaded with this tile's last (one slice ahead across
@@ -324,7 +323,6 @@ def _build():
         BN: gl.constexpr = e_buf.shape[1]
         SUB: gl.constexpr = out_desc.block_type.shape[1]
         SPLIT: gl.constexpr = BN // SUB
-        layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [EPI_WARPS, 1], [1, 0])
         t = 0
         if XTILE:
             first_m, first_n = _tile_origin(gl.program_id(0), M, N, BM, BN, GROUP_M)
@@ -368,7 +366,7 @@ def _build():
 
     @gluon.jit
     def _epilogue_bwd_tma(h_desc, out_desc, e_buf, h_buf, h_ready, acc_ready, acc_free, M, N,
-                          FROM_A: gl.constexpr, GROUP_M: gl.constexpr, EPI_WARPS: gl.constexpr):
+                          FROM_A: gl.constexpr, GROUP_M: gl.constexpr, layout: gl.constexpr):
         """_epilogue_bwd with the saved tensor's tile (h, or a with FROM_A) TMA-loaded into h_buf: the
         first tile's at the start, each next tile's as soon as this tile's last slice is read from h_buf
         (before this tile's stores drain), so the loads run while the consumers compute that tile; in
@@ -377,7 +375,6 @@ def _build():
         BN: gl.constexpr = e_buf.shape[1]
         SUB: gl.constexpr = out_desc.block_type.shape[1]
         SPLIT: gl.constexpr = BN // SUB
-        layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [EPI_WARPS, 1], [1, 0])
         t = 0
         _load_saved(h_desc, h_buf, h_ready, gl.program_id(0), M, N, GROUP_M)
         for tile in range(gl.program_id(0), gl.cdiv(M, BM) * gl.cdiv(N, BN), gl.num_programs(0)):
@@ -420,6 +417,8 @@ def _build():
         (0 h and a, 1 g from h, 2 a only, 3 g from a: relu2_mlp's codes). Persistent: grid <= tiles.
         A_TMA (backward): h_desc describes the saved tensor, loaded a tile at a time by TMA."""
         a_bufs, b_bufs, e_buf, ready, acc_ready, acc_free = _shared_state(a_desc, b_desc, out_desc, BLOCK_N, STAGES)
+        # the epilogue's register layout of a 128 x 64 slice: 8 contiguous columns (16 bytes) a thread
+        epi_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [EPI_WARPS, 1], [1, 0])
         if EPILOGUE % 2 == 1 and A_TMA:
             h_buf = gl.allocate_shared_memory(gl.bfloat16, [a_desc.block_type.shape[0], BLOCK_N], h_desc.layout)
             h_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -429,21 +428,21 @@ def _build():
                 (_mma_partition, (a_desc, b_desc, a_bufs, b_bufs, e_buf, ready, acc_ready, acc_free, h_ptr, M, N, K,
                                   B_NK, GROUP_M, False, num_warps)),
                 (_epilogue_bwd_tma, (h_desc, out_desc, e_buf, h_buf, h_ready, acc_ready, acc_free, M, N,
-                                     EPILOGUE == 3, GROUP_M, EPI_WARPS)),
+                                     EPILOGUE == 3, GROUP_M, epi_layout)),
             ], [EPI_WARPS], [EPI_REGS])
         elif EPILOGUE % 2 == 1:
             gl.warp_specialize([
                 (_mma_partition, (a_desc, b_desc, a_bufs, b_bufs, e_buf, ready, acc_ready, acc_free, h_ptr, M, N, K,
                                   B_NK, GROUP_M, False, num_warps)),
                 (_epilogue_bwd, (h_ptr, out_desc, e_buf, acc_ready, acc_free, M, N, EPILOGUE == 3, GROUP_M,
-                                 EPI_WARPS, XTILE)),
+                                 epi_layout, XTILE)),
             ], [EPI_WARPS], [EPI_REGS])
         else:
             gl.warp_specialize([
                 (_mma_partition, (a_desc, b_desc, a_bufs, b_bufs, e_buf, ready, acc_ready, acc_free, h_ptr, M, N, K,
                                   B_NK, GROUP_M, False, num_warps)),
                 (_epilogue_fwd, (h_desc, out_desc, e_buf, acc_ready, acc_free, M, N, EPILOGUE == 0, GROUP_M,
-                                 EPI_WARPS)),
+                                 epi_layout)),
             ], [EPI_WARPS], [EPI_REGS])
 
     _KERNEL = _relu2_ws_kernel
