@@ -299,3 +299,30 @@ def test_gpu_head_once_gives_the_same_head(cuda):
         results.append((loss.detach(), *torch.autograd.grad(loss, (xi, wi))))
     for a, b, name in zip(results[0], results[1], ("loss", "grad_x", "grad_w")):
         assert torch.equal(a, b), name
+
+
+@pytest.mark.gpu
+def test_gpu_ce_transposed_gives_the_same_head(cuda):
+    """model.ce_transposed at one record micro-step (49,152 tokens), compiled as the model runs it with
+    train.head_once: where ce_grad_gluon applies, the CE's own transposed gradient is the transposed
+    copy's bytes, so the loss, grad_x and grad_w equal the default's bit for bit."""
+    from speedrun import ce_grad_gluon, head
+    N = 49152
+    x, w, t = _gpu_head_inputs(cuda, 3, N)
+    t[11] = -100
+    if not ce_grad_gluon.available():
+        pytest.skip("Triton's Gluon does not import here")
+
+    def fn(x, w, t, w_q, transposed):
+        return head.head_loss(x, w, t, 30.0, "sigmoid", "triton", True, "lean", "auto", transposed, w_q=w_q) / N
+
+    compiled = torch.compile(fn, fullgraph=True)
+    w_q = head.quantize_weight(w)
+    results = []
+    for transposed in (False, True):
+        xi, wi = x.clone().requires_grad_(), w.clone().requires_grad_()
+        loss = compiled(xi, wi, t, w_q, transposed)
+        results.append((loss.detach(), *torch.autograd.grad(loss, (xi, wi))))
+    for a, b, name in zip(results[0], results[1], ("loss", "grad_x", "grad_w")):
+        assert torch.equal(a, b), name
+    assert results[0][2].abs().sum() > 0

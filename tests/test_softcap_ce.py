@@ -233,6 +233,33 @@ _INTERPRETED = textwrap.dedent(r'''
                                   steps_over_one=int(((u(g0).int() - u(g1).int()).abs() > 1).sum()),
                                   exact_transpose=bool(torch.equal(u(g1t), u(g1).T.contiguous())),
                                   ignored_zero=bool((u(g1)[N // 2] == 0).all()), nonzero=int((u(g1) != 0).sum())))
+    # the target columns after the Hopper gradient pass (ce_grad_gluon leaves them paired): the lean kernel's
+    # bytes exactly, in both layouts, from the row kernel's shifts; an ignored row's untouched
+    out["targets"] = []
+    for seed, (N, V) in enumerate([(12, 3001), (8, 700)]):
+        z, t = lean_case(400 + seed, N, V)
+        rs = head_gluon.rowsums_reference(z, 30.0).float() if seed == 0 else None
+        l0, g0 = sc.launch(z, t, 30.0, "sigmoid", True, torch.float8_e5m2, 448.0, "lean", rs)
+        losses, shift = torch.empty(N), torch.empty(N)
+        sc._ce_rows_kernel[(N,)](z, t, losses, shift, losses if rs is None else rs, z.stride(0), 30.0, 1 / 7.5,
+                                 448.0, 0 if rs is None else rs.shape[1], V=V, IGNORE=sc.IGNORE_INDEX,
+                                 BLOCK_V=sc.LEAN_CONFIG["BLOCK_V"], POLY=sc.LEAN_CONFIG["POLY"], FAST=False,
+                                 ROWSUMS=rs is not None, RS_BLOCK=16 if rs is None else 256, num_warps=4)
+        u = lambda x: x.view(torch.uint8)  # noqa: E731
+        g1 = g0.clone()
+        keep = t != sc.IGNORE_INDEX
+        rows = torch.arange(N)[keep]
+        u(g1)[rows, t[keep]] = 0xEE  # wrong bytes where the kernel must write
+        g1t = g1.T.contiguous()
+        u(g1t)[5, N // 2] = 0x11  # the ignored row's column 5: must stay as it is
+        sc._ce_target_kernel[((N + 7) // 8,)](z, t, shift, g1, g1t, N, z.stride(0), 30.0, 1 / 7.5, 448.0, V=V,
+                                                   IGNORE=sc.IGNORE_INDEX, BLOCK=8)
+        want_t = u(g0).T.contiguous()
+        want_t[5, N // 2] = 0x11
+        out["targets"].append(dict(N=N, losses_equal=bool(torch.equal(l0, losses)),
+                                   row_major_equal=bool(torch.equal(u(g1), u(g0))),
+                                   transposed_equal=bool(torch.equal(u(g1t), want_t)),
+                                   targets=int(keep.sum()), target_bytes_nonzero=int((u(g0)[rows, t[keep]] != 0).sum())))
     try:
         sc.launch(z, t, 30.0, "sigmoid", True, math="precise", rowsums=head_gluon.rowsums_reference(z, 30.0).float())
         out["rowsums_refused_for_precise"] = False
@@ -350,6 +377,16 @@ def test_interpreted_packed_transpose(interpreted):
     assert interpreted["packed"][2]["bytes_differing"] == 0  # the fall-back is the lean kernel itself
 
 
+def test_interpreted_target_columns_after_the_gradient_pass(interpreted):
+    """`_ce_target_kernel` (run after ce_grad_gluon's pass on a Hopper GPU) writes each row's target byte as the
+    lean kernel does, into both layouts, from the row kernel's shifts (row sums given or not), and touches
+    nothing of an ignored row."""
+    assert len(interpreted["targets"]) == 2
+    for case in interpreted["targets"]:
+        assert case["losses_equal"] and case["row_major_equal"] and case["transposed_equal"], case
+        assert case["targets"] == case["N"] - 1 and case["target_bytes_nonzero"] > 0, case
+
+
 def test_packed_transpose_moves_words_for_hopper():
     """The tile kernel, compiled for sm_90 without a GPU: its shared-memory transpose stores 32-bit words
     and no single bytes, without shuffles; the words come from the e5m2x2 conversions (two per word)
@@ -445,7 +482,8 @@ def test_gpu_transposed_gradient_at_record_size(cuda, tile, monkeypatch):
     pairs), and the transposed gradient exactly the transposed copy of its own (Triton 3.6 once broke
     that with byte-wise tiles: the nineteenth session)."""
     pytest.importorskip("triton")
-    from speedrun import softcap_ce as sc, transpose
+    from speedrun import ce_grad_gluon, softcap_ce as sc, transpose
+    monkeypatch.setattr(ce_grad_gluon, "applies", lambda *_: False)  # the Triton tiles, not the Hopper kernel
     for key, value in zip(("BLOCK_M", "BLOCK_V", "num_warps"), tile):
         monkeypatch.setitem(sc.TILE_CONFIG, key, value)
     z, t = _record_inputs(3)

@@ -70,13 +70,15 @@ class ModelConfig:
     # session: 599.4 -> 595.0 / 595.9 ms/step in full runs on one H200, docs/benchmarks.md). An
     # implementation choice: the same products and the same loss up to the order of float32 additions.
     head_kernel: str = "auto"
-    # The fused head's CE also writes the e5m2 gradient transposed (softcap_ce.launch_transposed: its gradient
-    # pass over tiles that store both layouts), so the backward's grad_w product needs no transposed copy
-    # (transpose.py, ~1.3 ms a 49,152-token micro-step on an H200). The same bytes up to the CE's pairing
-    # of reciprocals. Off: measured slower (seventeenth session: 3.02-4.33 ms against 3.06 for the CE kernel
-    # plus the copy, docs/performance.md). Nineteenth session: the tiles now pack rows into words (byte-wise
-    # tiles transposed wrongly under Triton 3.6), 3.10-3.59 ms; step A/B +0.6 / -1.1 ms, 2.3 GiB more.
-    ce_transposed: bool = False
+    # The fused head's CE also writes the e5m2 gradient transposed (softcap_ce.launch_transposed), so the
+    # backward's grad_w product needs no transposed copy (transpose.py, ~1.27 ms a 49,152-token micro-step on
+    # an H200). On Hopper the pass is ce_grad_gluon.py's kernel: the lean kernel's bytes exactly, in both
+    # layouts; elsewhere the Triton tile kernel (its own reciprocal pairs). The default since the thirty-second
+    # session: per call it ties the lean kernel plus the copy (3.12 against 3.04 ms, unconstrained clock), but
+    # it moves 2.5 GB less per micro-step, and on the power-capped H200 the step ran at a 15-30 MHz higher
+    # clock: full proxy212 runs 580.7 / 581.3 against 584.0 / 584.9 / 583.5 ms/step (A-B-A, one card,
+    # docs/benchmarks.md), at 2.3 GiB more allocated (g^T lives from the forward to the backward).
+    ce_transposed: bool = True
     # Which warps of the Gluon head kernel compute the CE's row sums (head_gluon.py) from a tile's four
     # 64-column slices: "epilogue" (its 4-warp epilogue partition, beside the TMA stores of z) | "consumers"
     # (the two wgmma warpgroups, between issuing one k-step's wgmma and waiting for the last, on the

@@ -62,7 +62,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from speedrun.kernel_choice import IMPLS, TRITON_FOUND, built_once, pick_impl  # noqa: F401 (its interface)
-from speedrun import transpose
+from speedrun import ce_grad_gluon, transpose
 
 FORMS = ("sigmoid", "tanh", "none")
 SIGMOID_TEMPERATURE = 7.5  # the record's 30*sigmoid(z/7.5)
@@ -94,7 +94,9 @@ LEAN_CONFIG = {"POLY": 1, "BLOCK_V": 4096, "num_warps": 8}
 # nineteenth session the tiles pack four rows' e5m2 bytes into words (`_e5m2_word`) and move words through
 # shared memory: Triton 3.6 (the GPU machine's) transposed byte-wise tiles wrongly on an H200. Timed then
 # (49,152 tokens, row sums given): 32 x 128 / 4 warps 3,096 us, 64 x 128 / 4 3,236, 64 x 256 / 8 3,585,
-# against 3,100 for the CE kernel plus the transposed copy; `model.ce_transposed` stays off.
+# against 3,100 for the CE kernel plus the transposed copy. On Hopper GPUs `launch_transposed` runs
+# ce_grad_gluon.py's pass instead (the default `model.ce_transposed=true` since the thirty-second session);
+# these tiles remain the path of other GPUs and of Triton's CPU interpreter.
 TILE_CONFIG = {"BLOCK_M": 32, "BLOCK_V": 128, "num_warps": 4}
 
 
@@ -261,7 +263,7 @@ EXP2_POLY = (0.6931470036506653, 0.24022242426872253, 0.05550733581185341, 0.009
 def _define_lean_kernel():
     """The "lean" kernel (the record's sigmoid form, static shift); bound as module globals like the others."""
     global _rcp, _exp2_poly, _exp2, _sigmoid_pair, _row_sum_pass, _row_loss, _softcap_ce_lean_kernel, _ce_rows_kernel
-    global _ce_grad_tile_kernel, _grad_rows, _e5m2_word, _grad_store_rows, _P1, _P2, _P3, _P4, _P5
+    global _ce_grad_tile_kernel, _grad_rows, _e5m2_word, _grad_store_rows, _ce_target_kernel, _P1, _P2, _P3, _P4, _P5
     _P1, _P2, _P3, _P4, _P5 = (tl.constexpr(c) for c in EXP2_POLY)  # kernels read constexpr globals only
 
     @triton.jit
@@ -472,6 +474,28 @@ def _define_lean_kernel():
                  mask=(cb < V)[:, None] & wok)
 
     @triton.jit
+    def _ce_target_kernel(Z, T, SHIFT, GRAD, GRAD_T, N, stride_z, cap, inv_scale, grad_mul, V: tl.constexpr,
+                          IGNORE: tl.constexpr, BLOCK: tl.constexpr):
+        """Each row's target column in both layouts, as the lean kernel writes it after its barrier:
+        (2^(s2_t - shift) - C) s_t (1 - s_t), s_t the target's sigmoid by a division; ignored rows untouched
+        (the gradient pass wrote their zeros). GRAD (N, V) and GRAD_T (V, N) of the gradient's dtype."""
+        rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        rok = rows < N
+        t = tl.load(T + rows, mask=rok, other=IGNORE).to(tl.int32)
+        ok = rok & (t != IGNORE) & (t >= 0) & (t < V)
+        t_safe = tl.where(ok, t, 0)
+        rows64 = rows.to(tl.int64)
+        z_t = tl.load(Z + rows64 * stride_z + t_safe, mask=ok, other=0.0).to(tl.float32)
+        k = -1.4426950408889634 * inv_scale
+        s_t = 1.0 / (1.0 + tl.exp2(tl.minimum(z_t * k, 126.0)))
+        C = cap * inv_scale * grad_mul
+        shift = tl.load(SHIFT + rows, mask=ok, other=0.0)
+        cap2 = cap * 1.4426950408889634
+        g_t = ((tl.exp2(cap2 * s_t - shift) - C) * tl.fma(-s_t, s_t, s_t)).to(GRAD.dtype.element_ty)
+        tl.store(GRAD + rows64 * V + t_safe, g_t, mask=ok)
+        tl.store(GRAD_T + t_safe.to(tl.int64) * N + rows, g_t, mask=ok)
+
+    @triton.jit
     def _grad_store_rows(Z, T, SHIFT, GRAD, rm, ca, N, stride_z, cap2, k, C, V: tl.constexpr, HALF: tl.constexpr,
                          FAST: tl.constexpr):
         """`_grad_rows`, stored row-major into GRAD as e5m2; the float32 tiles returned for the transpose."""
@@ -539,7 +563,9 @@ def launch_transposed(z: Tensor, targets: Tensor, cap: float, grad_dtype: torch.
     """Per-row losses, dL_i/dz * grad_mul (N, V) in grad_dtype, and the same gradient transposed (V, N),
     which the FP8 head's grad_w product needs. For an e5m2 gradient and N % 4 == 0 (the head's case): the
     lean kernel's two passes as two kernels, the second over tiles that store both layouts (so no separate
-    transposed copy reads the gradient again). Otherwise the lean kernel and the transposed copy. The
+    transposed copy reads the gradient again): on a Hopper GPU `ce_grad_gluon`'s kernel (no shared memory,
+    the lean kernel's pairs: its bytes exactly) and the target columns after it; elsewhere the Triton tile
+    kernel (its own pairs, the targets by a compare). Otherwise the lean kernel and the transposed copy. The
     record's sigmoid form only (0 < cap <= 80); rowsums as `launch`'s."""
     _build_kernel()
     if not lean_applies("sigmoid", cap, "lean", grad_mul):
@@ -567,6 +593,11 @@ def launch_transposed(z: Tensor, targets: Tensor, cap: float, grad_dtype: torch.
                           BLOCK_V=LEAN_CONFIG["BLOCK_V"], POLY=LEAN_CONFIG["POLY"], FAST=fast,
                           ROWSUMS=rowsums is not None, RS_BLOCK=max(16, _next_pow2(rs_cols)),
                           num_warps=LEAN_CONFIG["num_warps"])
+    if ce_grad_gluon.applies(z, grad_dtype):  # Hopper: the gradient pass with no shared memory, then the targets
+        ce_grad_gluon.launch(z, shift, grad, grad_t, cap, inv_scale, LEAN_CONFIG["BLOCK_V"] // 2)
+        _ce_target_kernel[(triton.cdiv(N, 256),)](z, targets, shift, grad, grad_t, N, z.stride(0), float(cap),
+                                                  inv_scale, float(grad_mul), V=V, IGNORE=IGNORE_INDEX, BLOCK=256)
+        return losses, grad, grad_t
     bm, bv = TILE_CONFIG["BLOCK_M"], TILE_CONFIG["BLOCK_V"]
     _ce_grad_tile_kernel[(triton.cdiv(N, bm), triton.cdiv(V, bv))](
         z, targets, shift, grad, grad_t.view(torch.int32), N, z.stride(0), float(cap), inv_scale, float(grad_mul),
