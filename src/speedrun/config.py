@@ -115,6 +115,13 @@ class ModelConfig:
     # order of twelve float32 additions. Measured much slower on an H200 (twenty-first session: 653.35 /
     # 654.09 against 610.68 ms/step, docs/performance.md), so opt-in.
     gate_kernel: str = "linear"
+    # The BLAS library of the blocks' weight gradients (blas.py): "cublas" (PyTorch's default: split-K
+    # products and a reduction kernel each) | "cublaslt" (one kernel each) | "auto" (cuBLASLt for outputs of
+    # 2^20 elements or more: the q-k-v and MLP weights, not the 768 x 768 output projection). Same
+    # products, another summation order: gradients equal up to rounding. Per call on an H200 8-14 µs less
+    # for each of the q-k-v and MLP weights, 30 µs more for the projection (thirty-third session); not yet
+    # measured in the step, so opt-in.
+    wgrad_blas: str = "cublas"
 
     @property
     def padded_vocab(self) -> int:
@@ -481,6 +488,7 @@ def _model_checks(m: ModelConfig) -> list[Check]:
         _one_of(m.mlp_kernel, "model.mlp_kernel", KERNEL_CHOICES),
         _one_of(m.embed_kernel, "model.embed_kernel", KERNEL_CHOICES),
         _one_of(m.gate_kernel, "model.gate_kernel", ("linear", "inline")),
+        _one_of(m.wgrad_blas, "model.wgrad_blas", ("cublas", "cublaslt", "auto")),
         (mlp_options_ok(m.mlp_options), "model.mlp_options",
          f"want KEY=INT items (KEY one of the kernel's launch keys, optionally fwd. or bwd.), got {m.mlp_options!r}"),
         (2 * m.value_embeds <= m.num_layers, "model.value_embeds",

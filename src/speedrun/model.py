@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from speedrun.attention import AttentionMasks, document_ids
 from speedrun.config import AttentionConfig, ModelConfig, parse_flex_options
 from speedrun import head as head_ops
-from speedrun import attn_inputs, embeddings, relu2_mlp
+from speedrun import attn_inputs, blas, embeddings, relu2_mlp
 
 
 EVAL_CHUNK = 16384
@@ -118,8 +118,9 @@ def aligned_pairs(v: Tensor) -> Tensor:
     return F.pad(v.view(-1, 2), (0, 2))
 
 
-def _linear(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
-    return F.linear(x, w.type_as(x), None if b is None else b.type_as(x))
+def _linear(x: Tensor, w: Tensor, b: Tensor | None = None, wgrad: str = "cublas") -> Tensor:
+    """F.linear in x's dtype; the weight gradient's BLAS library as `blas.linear` (`model.wgrad_blas`)."""
+    return blas.linear(x, w.type_as(x), None if b is None else b.type_as(x), wgrad)
 
 
 class Attention(nn.Module):
@@ -140,7 +141,7 @@ class Attention(nn.Module):
         """(B, T, dim) -> q, k, v as (B, T, H, D); rope: `Rotary.angles` of the positions, or None."""
         B, T = x.shape[:2]
         H, D = self.cfg.num_heads, self.cfg.head_dim
-        qkv = _linear(x, self.qkvo_w[:3].flatten(end_dim=1), self.qkv_b)
+        qkv = _linear(x, self.qkvo_w[:3].flatten(end_dim=1), self.qkv_b, self.cfg.wgrad_blas)
         mixed = ve is not None or self.cfg.value_embeds  # v = λ0 v (+ λ1 ve)
         if self.cfg.qk_norm and rope is not None and mixed and attn_inputs.pick_impl(qkv, self.cfg.qk_kernel) == "triton":
             return attn_inputs.attention_inputs(qkv, ve, lambdas, rope[0], rope[1], H, "triton")  # one launch each way
@@ -162,7 +163,7 @@ class Attention(nn.Module):
             gate = torch.sigmoid(self.gate_logits(x))
             y = y * gate.view(B, T, self.cfg.num_heads, 1)
         y = y.contiguous().view(B, T, -1)
-        return _linear(y, self.qkvo_w[3], self.o_b)
+        return _linear(y, self.qkvo_w[3], self.o_b, self.cfg.wgrad_blas)
 
     def gate_logits(self, x: Tensor) -> Tensor:
         """x[..., :gate_inputs] @ gate_wᵀ in x's dtype: one product, or (`gate_kernel="inline"`) its terms.
@@ -193,14 +194,15 @@ class MLP(nn.Module):
         self.fc_b = nn.Parameter(torch.zeros(cfg.mlp_hidden)) if cfg.bias else None
         self.proj_b = nn.Parameter(torch.zeros(cfg.model_dim)) if cfg.bias else None
         self.activation = cfg.activation
-        self.kernel, self.options = cfg.mlp_kernel, cfg.mlp_options
+        self.kernel, self.options, self.wgrad = cfg.mlp_kernel, cfg.mlp_options, cfg.wgrad_blas
 
     def forward(self, x: Tensor) -> Tensor:
         if self.activation == "relu2" and self.fc_b is None:  # the fused kernel or its reference
-            return relu2_mlp.relu2_mlp(x, self.fc_w.type_as(x), self.proj_w.type_as(x), self.kernel, self.options)
-        h = _linear(x, self.fc_w, self.fc_b)
+            return relu2_mlp.relu2_mlp(x, self.fc_w.type_as(x), self.proj_w.type_as(x), self.kernel, self.options,
+                                       self.wgrad)
+        h = _linear(x, self.fc_w, self.fc_b, self.wgrad)
         h = F.relu(h).square() if self.activation == "relu2" else F.gelu(h, approximate="tanh")
-        return _linear(h, self.proj_w, self.proj_b)
+        return _linear(h, self.proj_w, self.proj_b, self.wgrad)
 
 
 class Block(nn.Module):
