@@ -129,6 +129,9 @@ def test_bench_cpu_tiny(tmp_path, capsys, monkeypatch):
                 "env", "last_loss", "peak_reserved_bytes", "cuda_graphs", "grad_accum", "cast_once", "head_once"):
         assert key in r, key
     assert r["gpu_clocks"] == clocks and seen["stopped"] and seen["device"].type == "cpu"
+    assert r["energy_j_per_step"] == pytest.approx(690.0 * r["ms_per_step"] / 1e3)
+    assert r["sm_mcycles_per_step"] == pytest.approx(1560 * r["ms_per_step"] / 1e3)
+    assert f"{r['energy_j_per_step']:.1f} J, {r['sm_mcycles_per_step']:.1f} M SM cycles" in text
     assert r["ms_per_step"] > 0 and len(r["ms_per_step_groups"]) == 1
     assert r["tokens_per_step"] == 512
     assert r["tokens_per_s"] == pytest.approx(512 / (r["ms_per_step"] / 1000))

@@ -49,6 +49,7 @@ def test_summary_of_known_rows():
     assert s["power_limit_w"] == 700 and s["temperature_c_max"] == 60
     assert s["reason_shares"]["sw_power_cap"] == 0.75 and s["reason_shares"]["sw_thermal_slowdown"] == 0.25
     assert s["reason_shares"]["hw_slowdown"] == 0
+    assert s["sm_clock_mhz_mean"] == pytest.approx(1668.75) and s["power_w_mean"] == pytest.approx(551.1)
     text = gc.describe(s)
     assert text.startswith("1,590 MHz median (1,515-1,980; card max 1,980), 689 W median of 700 W limit")
     assert "sw power cap 75%" in text and "sw thermal slowdown 25%" in text and "hw slowdown" not in text
@@ -63,6 +64,21 @@ def test_unsupported_values_and_bad_rows():
     assert gc.describe(s) == "1,410 MHz median (1,410-1,410), reasons not reported by this driver"
     assert gc.summarize([], reasons_known=True) is None
     assert gc.describe(None).startswith("n/a")
+
+
+def test_energy_and_cycles_per_step_from_the_means():
+    rows = [gc.parse_row(line, gc.REASONS) for line in ROWS[1:]]
+    s = gc.summarize(rows, reasons_known=True)  # means 1,565 MHz and 691.3 W
+    got = gc.per_step(s, 600.0)
+    assert got["energy_j_per_step"] == pytest.approx(414.78) and got["sm_mcycles_per_step"] == pytest.approx(939.0)
+    assert gc.describe_per_step(got).startswith("414.8 J, 939.0 M SM cycles")
+    no_power = gc.summarize([gc.parse_row("1410, [N/A], [N/A], [Not Supported], 31", ())], reasons_known=False)
+    got = gc.per_step(no_power, 500.0)
+    assert got == {"energy_j_per_step": None, "sm_mcycles_per_step": pytest.approx(705.0)}
+    assert gc.describe_per_step(got).startswith("705.0 M SM cycles")
+    assert gc.per_step(None, 500.0) == {"energy_j_per_step": None, "sm_mcycles_per_step": None}
+    assert gc.per_step(s, None)["sm_mcycles_per_step"] is None
+    assert gc.describe_per_step(gc.per_step(None, 1.0)).startswith("n/a")
 
 
 def test_sampler_collects_until_stopped(tmp_path):
@@ -112,11 +128,13 @@ def test_gpu_sampler_sees_the_card_work(cuda):
     assert s is not None, "nvidia-smi did not answer for this GPU's uuid"
     assert s["samples"] >= 2 and 0 < s["sm_clock_mhz_median"] <= s["sm_clock_mhz_card_max"]
     assert s["power_w_max"] > 0 and s["reason_shares"] is not None
+    per = gc.per_step(s, 100.0)
+    assert per["energy_j_per_step"] > 0 and per["sm_mcycles_per_step"] > 0
 
 
 def test_a_training_run_records_its_clocks(tmp_path, monkeypatch, capsys):
-    """`speedrun train` samples from its first timed step to the end and writes the summary into
-    summary.json and its last lines (a stand-in sampler here: the CPU has no nvidia-smi)."""
+    """`speedrun train` samples from its first timed step to the end and writes the summary, with the
+    energy and SM cycles per step, into summary.json and its last lines (a stand-in sampler here: the CPU has no nvidia-smi)."""
     import json
 
     from reliability_helpers import train
@@ -132,5 +150,11 @@ def test_a_training_run_records_its_clocks(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(gc, "start", lambda device: calls.append(("start", device.type)) or Sampler())
     assert train(tmp_path / "run", steps=3) == 0
     assert calls == [("start", "cpu"), "stop"]
-    assert json.loads((tmp_path / "run" / "summary.json").read_text())["gpu_clocks"] == clocks
-    assert "GPU clock over the timed run: 1,560 MHz median" in capsys.readouterr().out
+    got = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert got["gpu_clocks"] == clocks
+    assert got["energy_j_per_step"] == pytest.approx(690.2 * got["ms_per_step"] / 1e3)
+    assert got["sm_mcycles_per_step"] == pytest.approx(1560 * got["ms_per_step"] / 1e3)
+    out = capsys.readouterr().out
+    assert "GPU clock over the timed run: 1,560 MHz median" in out
+    assert f"per step {got['energy_j_per_step']:.1f} J, {got['sm_mcycles_per_step']:.1f} M SM cycles" in out
+

@@ -56,7 +56,7 @@ ab() {  # ab NAME ARGS...
   echo "$(date +%T) ab $name $*"
   env $(caches "ab-$name" fresh) python3 -m speedrun.cli bench --preset proxy212 --steps 10 --repeats 3 "$@" \
     --json "$RES/ab-$name.json" > "$RES/ab-$name.log" 2>&1; local rc=$?
-  echo "$(date +%T) ab $name: exit $rc | $(grep -E 'ms/step|peak mem|graphs|GPU clock|rror' "$RES/ab-$name.log" | tr '\n' ' ')"
+  echo "$(date +%T) ab $name: exit $rc | $(grep -E 'ms/step|peak mem|graphs|GPU clock|energy|rror' "$RES/ab-$name.log" | tr '\n' ' ')"
 }
 
 ab_shared() {  # ab_shared NAME ARGS...: as `ab`, on one compiler cache shared by all ab_shared benches
@@ -65,7 +65,7 @@ ab_shared() {  # ab_shared NAME ARGS...: as `ab`, on one compiler cache shared b
   echo "$(date +%T) ab $name (shared cache) $*"
   env $(caches "${AB_CACHE:-ab-shared}") python3 -m speedrun.cli bench --preset proxy212 --steps 10 --repeats 3 "$@" \
     --json "$RES/ab-$name.json" > "$RES/ab-$name.log" 2>&1; local rc=$?
-  echo "$(date +%T) ab $name: exit $rc | $(grep -E 'ms/step|peak mem|graphs|GPU clock|rror' "$RES/ab-$name.log" | tr '\n' ' ')"
+  echo "$(date +%T) ab $name: exit $rc | $(grep -E 'ms/step|peak mem|graphs|GPU clock|energy|rror' "$RES/ab-$name.log" | tr '\n' ' ')"
 }
 
 gpu_suite_inline() {  # the whole GPU suite in the calling queue (no bytecode prefix), then $RES/all.done
@@ -181,7 +181,7 @@ ab_on() {  # ab_on GPU NAME CACHE [fresh] -- ARGS...: `speedrun bench` (3 x 10 s
   echo "$(date +%T) [gpu$gpu] ab $name (caches $cache $fresh) $*"
   env $(caches "$cache" $fresh) CUDA_VISIBLE_DEVICES=$gpu python3 -m speedrun.cli bench --preset proxy212 \
     --steps 10 --repeats 3 "$@" --json "$RES/ab-$name.json" > "$RES/ab-$name.log" 2>&1; local rc=$?
-  echo "$(date +%T) [gpu$gpu] ab $name: exit $rc | $(grep -E 'ms/step|peak mem|graphs|GPU clock|rror' "$RES/ab-$name.log" | tr '\n' ' ')"
+  echo "$(date +%T) [gpu$gpu] ab $name: exit $rc | $(grep -E 'ms/step|peak mem|graphs|GPU clock|energy|rror' "$RES/ab-$name.log" | tr '\n' ' ')"
 }
 
 profile_bench() {  # profile_bench NAME [ARGS...]: a 3-step profile (speedrun bench --profile) on GPU 0's

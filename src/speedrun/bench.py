@@ -651,6 +651,7 @@ def format_report(r: dict) -> str:
         ("matmul peak (measured)", f"{r['matmul_peak']['flops_per_s']:.3e} FLOP/s  [{r['matmul_peak']['kind']}]"),
         ("fraction of peak", f"{_fmt(r['fraction_of_peak'], '.3f')}"),
         ("GPU clock (timed steps)", gpu_clocks.describe(r.get("gpu_clocks"))),
+        ("energy, cycles / step", gpu_clocks.describe_per_step(r)),
         ("peak memory", f"{_fmt_bytes(r['peak_memory_bytes'])} allocated, "
                         f"{_fmt_bytes(r['peak_reserved_bytes'])} reserved"
                         + (" (CUDA graphs: their pool counts in reserved only)" if r.get("cuda_graphs") else "")),
@@ -761,6 +762,7 @@ def run_bench(args) -> dict:
             "graphs_compiled_in_timed_steps": recompiled, "gpu_clocks": clocks,
         }
         rates = _rates(session, cfg, args, groups, measure_matmul_peak(dev, args.peak_size))
+        measured.update(gpu_clocks.per_step(clocks, rates["ms_per_step"]))
         return _result(session, cfg, args, rates, measured, _env_summary(environment()))
     finally:
         session.close()

@@ -15,6 +15,14 @@ One query costs the host a few tens of milliseconds, off the training thread; th
 touched. Where nvidia-smi is missing or fails, the summary is None and reports say "n/a": a timing is
 never lost for want of its clocks.
 
+Two figures per step come from the same samples (`per_step`): the energy (mean power x step time) and
+the SM cycles (mean clock x step time). On a card held at its power cap the step takes about its energy
+divided by the cap, so a change that saves cycles but spends more energy per step runs slower there
+(the thirty-fourth session: the weight gradients on cuBLASLt took 0.9% fewer cycles a step and 0.6%
+more energy, and the step was 0.6% slower); an uncapped card sees the cycles. Both are estimates: the
+driver's power reading is itself an average (over one second on recent GPUs) and the samples are 0.25 s
+apart, so they need timed parts of tens of seconds.
+
 The reasons come from `clocks_event_reasons.*` (drivers from 535 on); older drivers name the same
 fields `clocks_throttle_reasons.*`, tried next; failing both, the clocks and power are kept without
 reasons.
@@ -74,7 +82,9 @@ def summarize(rows: list[dict], reasons_known: bool) -> dict | None:
         shares = {why: sum(why in r["active"] for r in rows) / len(rows) for why in REASONS}
     return {"samples": len(rows), "sm_clock_mhz_median": statistics.median(clocks), "sm_clock_mhz_min": min(clocks),
             "sm_clock_mhz_max": max(clocks), "sm_clock_mhz_card_max": pick("clocks.max.sm"),
+            "sm_clock_mhz_mean": statistics.fmean(clocks),
             "power_w_median": statistics.median(power) if power else None, "power_w_max": max(power, default=None),
+            "power_w_mean": statistics.fmean(power) if power else None,
             "power_limit_w": pick("power.limit"), "temperature_c_max": max(temps, default=None),
             "reason_shares": shares}
 
@@ -136,6 +146,25 @@ class ClockSampler:
         self._thread.join()
         self._thread = None
         return summarize(self.rows, bool(self.reasons))
+
+
+def per_step(summary: dict | None, ms_per_step: float | None) -> dict:
+    """The energy (J) and SM cycles (millions) of one step: the samples' mean power and mean clock times
+    the step time; each None where the summary, its power or the step time is missing."""
+    if not summary or ms_per_step is None:
+        return {"energy_j_per_step": None, "sm_mcycles_per_step": None}
+    power = summary.get("power_w_mean")
+    return {"energy_j_per_step": None if power is None else power * ms_per_step / 1e3,
+            "sm_mcycles_per_step": summary["sm_clock_mhz_mean"] * ms_per_step / 1e3}
+
+
+def describe_per_step(figures: dict) -> str:
+    """"413.8 J, 963.9 M SM cycles (sampled mean power and clock x ms/step)", or "n/a"."""
+    energy, cycles = figures.get("energy_j_per_step"), figures.get("sm_mcycles_per_step")
+    if cycles is None:
+        return "n/a (no clock samples)"
+    parts = ([] if energy is None else [f"{energy:.1f} J"]) + [f"{cycles:.1f} M SM cycles"]
+    return ", ".join(parts) + " (sampled mean power and clock x ms/step)"
 
 
 def describe(summary: dict | None) -> str:

@@ -612,6 +612,7 @@ class Trainer:
             "graphs_compiled_in_timed_run": compiled_graphs() - self._graphs_at_start - self._graphs_in_validation,
             "tokens": t.steps * self.tokens_per_step, "gpu_clocks": clocks, **self.describe(),
         }
+        summary.update(gpu_clocks.per_step(clocks, summary["ms_per_step"]))  # the means include validations
         if self.out:
             from speedrun.checkpoint import save_model_files
 
@@ -622,7 +623,8 @@ class Trainer:
                 print(f"speedrun: warning: {summary['graphs_compiled_in_timed_run']} graph(s) were compiled after "
                       "warm-up, inside the timed run (TORCH_LOGS=recompiles says why)", flush=True)
             if clocks:
-                print(f"speedrun: GPU clock over the timed run: {gpu_clocks.describe(clocks)}", flush=True)
+                print(f"speedrun: GPU clock over the timed run: {gpu_clocks.describe(clocks)}; per step "
+                      f"{gpu_clocks.describe_per_step(summary)}", flush=True)
             print(f"speedrun: final val_loss {val_loss}, training time {clock.elapsed:.1f}s "
                   f"({summary['ms_per_step']:.1f} ms/step), cold start {cold_start:.1f}s -> {self.out.path}")
         if t.sample_tokens and self.info.is_main:
