@@ -8,6 +8,9 @@ with no second pass for the same shapes. Timed per call on an H200 (benchmarks.m
 in turns at 1,980 MHz): the attention's q-k-v weight 303.5–305.1 -> 292.9–294.7 µs, the MLP's two weights
 337.5–341.9 -> 326.7–330.4 µs, but the 768 x 768 output projection 95.8–95.9 -> 125.6–126.3 µs.
 The forward products and the input gradients ran the same kernels in both libraries (bit-equal).
+In the step "auto" was nonetheless slower, +2.6 and +3.6 ms/step on two power-capped H200s (thirty-fourth
+session): 0.7% fewer SM cycles a step, but 0.4% more energy, and at the 700 W cap the energy sets the clock.
+Hence the default stays cuBLAS; the choice is kept for cards that are not power-bound.
 
 So "auto" takes cuBLASLt for outputs of at least `AUTO_MIN_NUMEL` elements and cuBLAS below;
 "cublaslt" takes it for every weight gradient; "cublas" (the default) leaves PyTorch's own choice

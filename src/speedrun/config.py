@@ -119,8 +119,8 @@ class ModelConfig:
     # products and a reduction kernel each) | "cublaslt" (one kernel each) | "auto" (cuBLASLt for outputs of
     # 2^20 elements or more: the q-k-v and MLP weights, not the 768 x 768 output projection). Same
     # products, another summation order: gradients equal up to rounding. Per call on an H200 8-14 µs less
-    # for each of the q-k-v and MLP weights, 30 µs more for the projection (thirty-third session); not yet
-    # measured in the step, so opt-in.
+    # for each of the q-k-v and MLP weights, 30 µs more for the projection (thirty-third session); in the
+    # step "auto" is 2.6-3.6 ms/step slower on a power-capped H200 (more energy a step; thirty-fourth), so opt-in.
     wgrad_blas: str = "cublas"
 
     @property
