@@ -21,6 +21,7 @@ COMMAND_MODULES = [
     "speedrun.ladder",  # ladder
     "speedrun.data_cli",  # data tokenize | fineweb
     "speedrun.stats",  # stats
+    "speedrun.compare",  # compare
     "speedrun.plot",  # plot
     "speedrun.sample",  # sample
     "speedrun.export_hf",  # export hf
