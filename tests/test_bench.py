@@ -132,6 +132,11 @@ def test_bench_cpu_tiny(tmp_path, capsys, monkeypatch):
     assert r["energy_j_per_step"] == pytest.approx(690.0 * r["ms_per_step"] / 1e3)
     assert r["sm_mcycles_per_step"] == pytest.approx(1560 * r["ms_per_step"] / 1e3)
     assert f"{r['energy_j_per_step']:.1f} J, {r['sm_mcycles_per_step']:.1f} M SM cycles" in text
+    from speedrun import compare  # the file `speedrun compare` reads: every figure it compares is there
+
+    m = compare.load(str(out))
+    assert m["kind"] == "bench" and m["sm_clock_mhz"] == 1560 and m["final_val_loss"] is None
+    assert all(m[k] is not None for k in ("ms_per_step", "energy_j_per_step", "sm_mcycles_per_step"))
     assert r["ms_per_step"] > 0 and len(r["ms_per_step_groups"]) == 1
     assert r["tokens_per_step"] == 512
     assert r["tokens_per_s"] == pytest.approx(512 / (r["ms_per_step"] / 1000))
