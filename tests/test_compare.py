@@ -36,13 +36,13 @@ def test_no_spread_gives_no_interval_or_p():
     assert compare.paired([1.0], [3.0], 0.95) == {"diff": 2.0, "ci": None, "p": None}
 
 
-def _bench(path, ms, energy=None, clock=1640.0, overrides=()):
+def _bench(path, ms, energy=None, clock=1640.0, overrides=(), reserved=None):
     clocks = {"sm_clock_mhz_median": clock}
     if energy is not None:
         clocks["sm_clock_mhz_mean"] = clock
     d = {"preset": "proxy212", "overrides": list(overrides), "ms_per_step": ms, "ms_per_step_groups": [ms] * 3,
          "peak_memory_bytes": 27.13 * 2**30, "gpu_clocks": clocks, "energy_j_per_step": energy,
-         "sm_mcycles_per_step": None if energy is None else clock * ms / 1e3}
+         "sm_mcycles_per_step": None if energy is None else clock * ms / 1e3, "peak_reserved_bytes": reserved}
     path.write_text(json.dumps(d))
     return str(path)
 
@@ -58,12 +58,21 @@ def test_command_on_bench_files(tmp_path, capsys):
     assert "| +2.99 |" in ms_row and f"| {p:.3g} |" in ms_row and "+0.50%" in ms_row
     assert "| energy a step (J) | 411.5 (1.3) | 413.5 (1.3) | +2.0 |" in out
     assert "| SM clock (MHz) | 1640 (0) | 1620 (0) | -20 |" in out and "final val loss" not in out
+    assert "peak reserved" not in out  # no file has it
+
     assert main(["compare", *a, "--vs", *b, "--paired", "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["paired"] and r["kind"] == "bench" and [row["metric"] for row in r["rows"]][:3] == [
         "ms_per_step", "energy_j_per_step", "sm_mcycles_per_step"]
     assert r["rows"][0]["p"] == pytest.approx(stats.ttest_rel(B, A).pvalue)
 
+
+def test_reserved_memory_is_compared_where_both_arms_have_it(tmp_path, capsys):
+    """CUDA graphs' pools count in reserved memory only: the row that shows what graphs cost."""
+    a = [_bench(tmp_path / f"a{i}.json", ms, reserved=29.9 * 2**30) for i, ms in enumerate(A)]
+    b = [_bench(tmp_path / f"b{i}.json", ms, reserved=27.2 * 2**30) for i, ms in enumerate(B)]
+    assert main(["compare", *a, "--vs", *b]) == 0
+    assert "| peak reserved (GiB) | 29.90 (0.00) | 27.20 (0.00) | -2.70 |" in capsys.readouterr().out
 
 def test_a_figure_one_file_lacks_is_left_out(tmp_path, capsys):
     a = [_bench(tmp_path / "a0.json", 593.0, 410.0), _bench(tmp_path / "a1.json", 594.0)]  # no energy: older file
@@ -85,6 +94,29 @@ def test_command_on_run_folders(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "| run figure |" in out and "| final val loss | 3.9170 (-) | 3.9179 (-) | +0.0009 |" in out
     assert "needs 2 or more in each arm" in out and "| peak allocated (GiB) | 16.00 (-)" in out
+    assert "A: 1 x proxy212\n" in out and "config differs" not in out  # no config.json beside them
+
+
+def test_runs_name_the_config_fields_their_arms_differ_in(tmp_path, capsys):
+    """Runs record no overrides: their config.json files say what differs between the arms."""
+    from speedrun.presets import proxy212
+
+    runs = {}
+    for name, ms, graphs, seed in (("a0", 588.4, False, 0), ("a1", 589.0, False, 1), ("b0", 587.2, True, 0),
+                                   ("b1", 589.9, True, 0)):
+        cfg = proxy212()
+        cfg.train.cudagraphs, cfg.train.seed = graphs, seed
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(cfg.to_dict()))
+        (tmp_path / name / "summary.json").write_text(json.dumps(
+            {"preset": "proxy212", "ms_per_step": ms, "final_val_loss": 3.9175, "peak_memory_bytes": 2**34}))
+        runs[name] = str(tmp_path / name)
+    assert main(["compare", runs["a0"], runs["a1"], "--vs", runs["b0"], runs["b1"], "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["config_differences"] == ["train.cudagraphs: A false, B true", "train.seed: A 0 | 1, B 0"]
+    assert all("config" not in m for m in r["a"] + r["b"])
+    assert main(["compare", runs["a0"], "--vs", runs["b0"]]) == 0
+    assert "config differs: train.cudagraphs: A false, B true\n" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("case, message", [

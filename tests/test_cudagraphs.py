@@ -1,6 +1,7 @@
 """train.cudagraphs: the whole-model compile replayed as CUDA graphs. On the CPU only its gradient handling
 runs (no graphs), and it must not change a bit of training; the config check rejects regional compiles.
-On a GPU the compiled step with graphs must train like the one without."""
+On a GPU the compiled step with graphs must train like the one without, and the in-place gradient sums
+(train.grad_accum=inplace, the default with graphs) must be read and written where they are."""
 
 from __future__ import annotations
 
@@ -52,3 +53,50 @@ def test_gpu_graphs_train_like_the_compiled_step(tmp_path):
     assert_curves_close(tmp_path / "a", tmp_path / "b")
     summary = json.loads((tmp_path / "b" / "summary.json").read_text())
     assert summary["cuda_graphs"] is True and summary["peak_reserved_bytes"] > 0
+
+
+@pytest.mark.gpu
+def test_gpu_graphs_add_into_the_buffers_in_place():
+    """Whole-model compile with CUDA graphs and train.grad_accum=inplace on a small model (a bfloat16
+    table, float32 weights cast once a step): two steps of four micro-steps give the gradients of the
+    same compile without graphs, bit for bit (the table's to float32 rounding: Inductor's embedding
+    backward adds with atomics, in no fixed order). Had a replay copied the buffers into the graph's own
+    inputs, the backward would add into the copies and the buffers would stay zero."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from test_grad_accum import Sliced, _batches, accumulate_inplace
+
+    from speedrun import grad_accum
+    from speedrun.regional import compile_step_model
+
+    def run(cudagraphs: bool):
+        torch.manual_seed(0)
+        model = Sliced().cuda()
+        step_model = compile_step_model(model, "on", True, cudagraphs, summed="inplace")
+        casts = grad_accum.StepCasts(model, ["pair", "up", "down"], torch.bfloat16, static=cudagraphs)
+        bufs = grad_accum.GradBuffers(model, static=cudagraphs)
+        call = _mark_steps(step_model) if cudagraphs else step_model
+        grads = []
+        for _ in range(2):
+            batches = [(t.cuda(), y.cuda(), f) for t, y, f in _batches((0, 1, 0, 0))]
+            grads.append(accumulate_inplace(call, model, batches, casts, bufs=bufs))
+            with torch.no_grad():  # a stand-in optimiser step, so the second step's weights differ
+                for p in model.parameters():
+                    p.sub_(0.01 * p.grad.to(p.dtype) if p.grad is not None else 0)
+        return grads
+
+    want, got = run(False), run(True)
+    for w, g in zip(want, got):
+        for name in ("up", "down", "pair", "sometimes"):
+            assert torch.equal(g[name], w[name]), name
+        torch.testing.assert_close(g["embed.weight"].float(), w["embed.weight"].float(), rtol=2**-7, atol=1e-6)
+        assert g["up"].abs().sum() > 0 and g["embed.weight"].abs().sum() > 0
+    assert not torch.equal(want[0]["up"], want[1]["up"])  # the second step is another step
+
+
+def _mark_steps(step_model):
+    """The trainer's mark_graph_step before each micro-step's forward."""
+    def call(*args):
+        torch.compiler.cudagraph_mark_step_begin()
+        return step_model(*args)
+    return call

@@ -109,7 +109,8 @@ def test_round_bf16_is_the_cast():
 
 def test_resolve_and_config_check():
     assert grad_accum.resolve("auto", "auto", True, False, 8) == "graph"
-    assert grad_accum.resolve("auto", "on", True, True, 8) == "autograd"  # CUDA graphs
+    assert grad_accum.resolve("auto", "on", True, True, 8) == "inplace"  # CUDA graphs
+    assert grad_accum.resolve("auto", "on", True, True, 1) == "autograd"
     assert grad_accum.resolve("auto", "regional", True, False, 8) == "autograd"
     assert grad_accum.resolve("auto", "auto", False, False, 8) == "autograd"  # not compiled
     assert grad_accum.resolve("auto", "auto", True, False, 1) == "autograd"  # one micro-step
@@ -127,6 +128,12 @@ def test_resolve_and_config_check():
     bad.train.grad_accum = "fused"
     with pytest.raises(ConfigError, match="train.grad_accum"):
         validate(bad, 1)
+    cfg = record()
+    cfg.train.grad_accum, cfg.train.cudagraphs = "inplace", True
+    validate(cfg, 1)
+    cfg.train.compile, cfg.train.cudagraphs = "regional", False
+    with pytest.raises(ConfigError, match="train.grad_accum: inplace needs the whole-model compile"):
+        validate(cfg, 1)
 
 
 def test_tiny_run_unchanged(tmp_path):
@@ -136,6 +143,87 @@ def test_tiny_run_unchanged(tmp_path):
     assert curves(tmp_path / "a") == curves(tmp_path / "b")
     env = json.loads((tmp_path / "b" / "env.json").read_text())
     assert env["run"]["grad_accum"] == "graph"
+
+
+def accumulate_inplace(step_model, model, batches, casts=None, unused=(), bufs=None):
+    """A step of `batches` with train.grad_accum=inplace, as the trainer runs it (with `bufs`, the
+    buffers kept from an earlier step); the gradients."""
+    bufs = grad_accum.GradBuffers(model, False, unused) if bufs is None else bufs
+    bufs.start()
+    if casts is not None:
+        casts.refresh()
+    for tokens, targets, flag in batches:
+        loss = step_model(tokens, targets, flag, torch.bfloat16, bufs.begin(),
+                          None if casts is None else casts.aligned())
+        (loss / len(batches)).backward()
+        bufs.end()
+    bufs.finish()
+    return {name: None if p.grad is None else p.grad.clone() for name, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_inplace_sums_equal_autograd_bit_for_bit(compiled):
+    """train.grad_accum=inplace: the backward adds into buffers kept for the run. The same sums as
+    autograd's bit for bit: the bfloat16 table, the float32 weights, a parameter only one micro-step
+    uses, and the casts made once a step; the buffers are the parameters' `.grad` afterwards."""
+    torch.manual_seed(0)
+    model = Sliced()
+    batches = _batches((0, 1, 0, 0))
+    want = _accumulate(compile_step_model(model, "on", compiled), model, batches, None)
+    got = accumulate_inplace(compile_step_model(model, "on", compiled, summed="inplace"), model, batches)
+    casts = grad_accum.StepCasts(model, ["pair", "up", "down"], torch.bfloat16)
+    cast = accumulate_inplace(compile_step_model(model, "on", compiled, summed="inplace"), model, batches, casts)
+    assert want.keys() == got.keys() == cast.keys()
+    for name in want:
+        assert got[name].dtype == want[name].dtype and torch.equal(got[name], want[name]), name
+        assert torch.equal(cast[name], want[name]), name
+    assert want["embed.weight"].dtype == torch.bfloat16 and want["sometimes"].abs().sum() > 0
+
+
+def test_inplace_leaves_an_unused_parameter_without_gradient():
+    """No micro-step uses `sometimes`: autograd leaves its `.grad` None. The buffers cannot tell (theirs
+    stays zero), so the parameters named unused keep None; unnamed, it gets the zeros."""
+    torch.manual_seed(0)
+    model = Small()
+    batches = _batches((0, 0))
+    want = _accumulate(model, model, batches, None)
+    step_model = compile_step_model(model, "on", False, summed="inplace")
+    named = accumulate_inplace(step_model, model, batches, unused=("sometimes",))
+    unnamed = accumulate_inplace(step_model, model, batches)
+    assert want["sometimes"] is None and named["sometimes"] is None
+    assert torch.equal(unnamed["sometimes"], torch.zeros(32))
+    for name in ("embed.weight", "up", "down"):
+        assert torch.equal(named[name], want[name]) and torch.equal(unnamed[name], want[name]), name
+
+
+def test_unused_parameter_names_match_autograd_for_every_preset():
+    """`GPT.unused_parameter_names` against autograd: for every preset (the ladder's rungs too), at a
+    small width, exactly the trained parameters a training loss's backward leaves without gradient."""
+    from speedrun.model import GPT
+    from speedrun.presets import registry
+
+    seen = set()
+    for name, build in registry().items():
+        cfg = build()
+        m = cfg.model
+        m.model_dim, m.num_heads, m.head_dim, m.mlp_hidden, m.vocab_size = 64, 2, 32, 128, 1000
+        torch.manual_seed(0)
+        model = GPT(cfg.model, cfg.attention).train()
+        tokens, targets = torch.randint(0, 1000, (2, 256))
+        model(tokens, targets, torch.tensor(2, dtype=torch.int32), torch.float32).backward()
+        without = [n for n, p in grad_accum.trained_parameters(model) if p.grad is None]
+        assert model.unused_parameter_names() == without, name
+        seen.add(tuple(without))
+    assert seen == {(), ("scalars",)}  # both cases occur among the presets
+
+
+def test_tiny_run_inplace_unchanged(tmp_path):
+    """The tiny model (eager on the CPU, two micro-steps) with in-place sums: every loss as autograd's."""
+    assert train(tmp_path / "a", "--set", "train.grad_accum=autograd", steps=4) == 0
+    assert train(tmp_path / "b", "--set", "train.grad_accum=inplace", steps=4) == 0
+    assert curves(tmp_path / "a") == curves(tmp_path / "b")
+    env = json.loads((tmp_path / "b" / "env.json").read_text())
+    assert env["run"]["grad_accum"] == "inplace"
 
 
 @pytest.mark.gpu

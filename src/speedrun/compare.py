@@ -7,7 +7,9 @@ is one sample, so each process's own start-up and clock count in the spread; the
 file are not independent samples and are not used as such.
 
 For every figure both arms have (ms/step; energy, SM cycles and mean SM clock a step where the clocks were
-sampled, the clock's mean or, in files from before the mean was kept, its median; peak memory; final validation loss for training runs) it gives each arm's mean and standard
+sampled, the clock's mean or, in files from before the mean was kept, its median; peak allocated and
+reserved memory, CUDA graphs' pools counting in reserved only; final validation loss for training runs)
+it gives each arm's mean and standard
 deviation, the difference B - A with its confidence interval, and a two-sided t-test's p-value:
 Welch's test (unequal variances) by default, or with `--paired` the one-sample test of the differences
 B_i - A_i, which removes the drift shared by the i-th pair when the arms ran in turns (A1 B1 A2 B2 ...).
@@ -16,7 +18,8 @@ than two samples in an arm (or two pairs) there is no spread, so no interval and
 
 Why energy and cycles: on a card held at its power cap the step time follows the energy a step, and a
 change that saves cycles but spends energy is slower there (gpu_clocks.py). Reading both says which.
-Bench results and training runs are never mixed: a bench times fixed steps on random tokens, a run its
+A bench file names its `--set` overrides; a run does not, so for runs the fields of their config.json
+files that differ between the arms are listed instead. Bench results and training runs are never mixed: a bench times fixed steps on random tokens, a run its
 whole schedule on real data, and their ms/step differ by some 2-3%.
 """
 
@@ -36,6 +39,7 @@ METRICS = (
     ("sm_mcycles_per_step", "SM cycles a step (M)", ".1f", 1.0),
     ("sm_clock_mhz", "SM clock (MHz)", ".0f", 1.0),
     ("peak_memory_bytes", "peak allocated (GiB)", ".2f", 1 / 2**30),
+    ("peak_reserved_bytes", "peak reserved (GiB)", ".2f", 1 / 2**30),  # CUDA graphs' pools count here only
     ("final_val_loss", "final val loss", ".4f", 1.0),
 )
 
@@ -57,11 +61,36 @@ def load(path: str) -> dict:
     clocks = d.get("gpu_clocks") or {}
     clock = clocks.get("sm_clock_mhz_mean", clocks.get("sm_clock_mhz_median"))
     out = {"path": str(p), "kind": kind, "preset": d.get("preset"), "overrides": d.get("overrides"),
-           "sm_clock_mhz": clock}
+           "sm_clock_mhz": clock, "config": _run_config(p) if kind == "run" else {}}
     for key, *_ in METRICS:
         if key != "sm_clock_mhz":
             value = d.get(key)
             out[key] = float(value) if isinstance(value, (int, float)) else None
+    return out
+
+
+def _run_config(summary: Path) -> dict:
+    """A run's config.json beside its summary, flattened to {"section.field": value}; {} where missing."""
+    try:
+        d = json.loads((summary.parent / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return {f"{section}.{k}": v for section, fields in d.items() if isinstance(fields, dict)
+            for k, v in fields.items()}
+
+
+def config_differences(arm_a: list[dict], arm_b: list[dict]) -> list[str]:
+    """The run config fields whose values differ between the arms, "field: A x, B y" (a value list where
+    an arm's runs differ among themselves); [] for bench results, which name their overrides."""
+    if not all(m.get("config") for m in arm_a + arm_b):
+        return []
+    keys = sorted(set().union(*(m["config"] for m in arm_a + arm_b)))
+    out = []
+    for k in keys:
+        va = sorted({json.dumps(m["config"].get(k)) for m in arm_a})
+        vb = sorted({json.dumps(m["config"].get(k)) for m in arm_b})
+        if va != vb:
+            out.append(f"{k}: A {' | '.join(va)}, B {' | '.join(vb)}")
     return out
 
 
@@ -129,12 +158,17 @@ def compare(a_paths: list[str], b_paths: list[str], is_paired: bool = False, con
         (ma, sa), (mb, sb) = _mean_sd(a), _mean_sd(b)
         rows.append({"metric": key, "label": label, "format": spec, "a_mean": ma, "a_sd": sa, "b_mean": mb,
                      "b_sd": sb, "relative": (mb - ma) / ma if ma else None, **test(a, b, confidence)})
+    differs = config_differences(arm_a, arm_b)
+    for m in arm_a + arm_b:
+        m.pop("config", None)
     return {"kind": arm_a[0]["kind"], "paired": is_paired, "confidence": confidence,
-            "a": arm_a, "b": arm_b, "rows": rows}
+            "a": arm_a, "b": arm_b, "config_differences": differs, "rows": rows}
 
 
 def _arm_text(name: str, arm: list[dict]) -> str:
     presets = sorted({str(m["preset"]) for m in arm})
+    if all(m["overrides"] is None for m in arm):  # runs: their configs are compared instead
+        return f"{name}: {len(arm)} x {', '.join(presets)}"
     overrides = sorted({" ".join(m["overrides"] or []) or "(none)" for m in arm})
     return f"{name}: {len(arm)} x {', '.join(presets)}, overrides {' | '.join(overrides)}"
 
@@ -142,7 +176,9 @@ def _arm_text(name: str, arm: list[dict]) -> str:
 def to_markdown(r: dict) -> str:
     level = f"{100 * r['confidence']:g}%"
     test = "paired t-test" if r["paired"] else "Welch's t-test"
-    lines = [_arm_text("A", r["a"]), _arm_text("B", r["b"]), "",
+    differs = r.get("config_differences") or []
+    lines = [_arm_text("A", r["a"]), _arm_text("B", r["b"]),
+             *([f"config differs: {'; '.join(differs)}"] if differs else []), "",
              f"| {r['kind']} figure | A mean (sd) | B mean (sd) | B - A | {level} interval | B/A - 1 | p ({test}) |",
              "|---|---|---|---|---|---|---|"]
     for row in r["rows"]:

@@ -221,19 +221,20 @@ class TrainConfig:
     seed: int = 0
     compile: str = "auto"  # "auto" (on CUDA) | "on" (whole model) | "regional" (per block) | "off"
     # replay the whole-model compile's forward and backward as CUDA graphs (Inductor's cudagraph trees):
-    # the same kernels, launched from a graph. Speed only. Each micro-step starts a new graph step, and
-    # the first micro-step's gradients are copied out of the graph's memory (trainer.own_grads); where
-    # the step is not compiled on a GPU only that copy remains. Measured (nineteenth session, one H200):
-    # -0.5 to -3.5 ms/step in four A/B rounds against autograd's gradient adds, which it needs (replays would
-    # copy grad_accum's sums into static inputs): slower than the default since grad_accum=graph; off also
-    # for memory (a full run's graph pools reserve 33.4 GiB) and no multi-GPU test (docs/performance.md)
+    # the same kernels, launched from a graph. Speed only. Each micro-step starts a new graph step; the
+    # gradients add up in place in buffers the graphs read where they are (grad_accum=auto -> inplace), or
+    # with grad_accum=autograd the first micro-step's gradients are copied out of the graph's memory
+    # (trainer.own_grads). Measured (thirty-fifth session, one power-capped H200): -1.6 ms/step in the
+    # bench, the same in full runs (fewer cycles, the same energy), 1.1 GiB less reserved; off by
+    # default: no multi-GPU test (docs/performance.md)
     cudagraphs: bool = False
     # where the micro-steps' gradients add up (grad_accum.py): "graph" inside the compiled backward (the
-    # add fused into the kernel that writes each gradient; the same values bit for bit), "autograd" by
-    # autograd's own eager adds, "auto" = graph where the whole model is compiled without CUDA graphs and
-    # a step has several micro-steps. Speed only.
+    # add fused into the kernel that writes each gradient; the same values bit for bit), "inplace" the
+    # same add written into buffers kept for the run (no zeros copy; CUDA graphs read them in place),
+    # "autograd" by autograd's own eager adds, "auto" = graph (inplace with CUDA graphs) where the whole
+    # model is compiled and a step has several micro-steps. Speed only.
     grad_accum: str = "auto"
-    # where grad_accum is "graph": the float32 matrices the model reads only in bfloat16
+    # where grad_accum is "graph" or "inplace": the float32 matrices the model reads only in bfloat16
     # (`GPT.cast_only_names`) cast once a step, before the first micro-step, not in each micro-step's
     # graph (grad_accum.StepCasts). The same rounding, the same gradients bit for bit. Speed only.
     cast_once: bool = True
@@ -539,10 +540,12 @@ def _compile_checks(t: TrainConfig) -> list[Check]:
     return [
         _one_of(t.compile, "train.compile", ("auto", "on", "regional", "off")),
         (not (t.cudagraphs and t.compile == "regional"), "train.cudagraphs", whole),
-        _one_of(t.grad_accum, "train.grad_accum", ("auto", "graph", "autograd")),
+        _one_of(t.grad_accum, "train.grad_accum", ("auto", "graph", "inplace", "autograd")),
         (not (t.grad_accum == "graph" and (t.cudagraphs or t.compile == "regional")), "train.grad_accum",
-         "graph needs the whole-model compile without CUDA graphs (or no compile), got "
-         f"train.compile={t.compile}, train.cudagraphs={t.cudagraphs}"),
+         "graph needs the whole-model compile without CUDA graphs (or no compile; inplace takes CUDA graphs), "
+         f"got train.compile={t.compile}, train.cudagraphs={t.cudagraphs}"),
+        (not (t.grad_accum == "inplace" and t.compile == "regional"), "train.grad_accum",
+         "inplace needs the whole-model compile (or no compile), got train.compile=regional"),
         (not (t.pdl and t.compile == "regional"), "train.pdl", whole),
         (parses(parse_inductor_options, t.inductor_options), "train.inductor_options",
          f"must be KEY=VALUE pairs separated by commas (KEY an option of torch._inductor.config), "

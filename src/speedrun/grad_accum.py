@@ -21,6 +21,15 @@ one graph). Where this cannot pay, `resolve` picks autograd: no compile, one mic
 (whose replays would copy the sums into static inputs), regional compilation (the add would run
 eagerly). Measured: -3.3 to -4.9 ms/step (docs/performance.md).
 
+`inplace` (`_AddInto`, `GradBuffers`): the backward adds each gradient into a persistent buffer in place
+and hands autograd nothing, and the trainer makes the buffers `.grad` after the last micro-step. The same
+fused kernel (AOTAutograd keeps a backward's data mutation of a forward input that needs no gradient,
+and Inductor writes the sum straight into the buffer) and the same values, but the buffers never move:
+CUDA graphs' replays read them where they are (`torch._dynamo.mark_static_address`) rather than copying
+them into static inputs, which is what kept `graph` and CUDA graphs apart. A parameter that no loss
+reaches keeps `.grad` None as with autograd: the model names it (`GPT.unused_parameter_names`, held to
+autograd for every preset by the tests), since the buffers cannot tell.
+
 The float32 matrices the model only reads cast to bfloat16 (`GPT.cast_only_names`) are cast once a step
 (`StepCasts`, `train.cast_once`) rather than in every micro-step's graph: `_CastSumInto` hands the model
 the cast and returns `sum + float32(grad)` for the parameter, what the cast's backward followed by
@@ -31,16 +40,18 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-MODES = ("auto", "graph", "autograd")
+MODES = ("auto", "graph", "inplace", "autograd")
 
 
 def resolve(mode: str, compile_mode: str, compiled: bool, cudagraphs: bool, micro_steps: int) -> str:
-    """"graph" or "autograd" for a run: `auto` is "graph" where the whole model is compiled, without
-    CUDA graphs, and a step has more than one micro-step."""
+    """"graph", "inplace" or "autograd" for a run: `auto` is "graph" where the whole model is compiled
+    and a step has more than one micro-step ("inplace" with CUDA graphs), else "autograd"."""
     if mode != "auto":
         return mode
     whole = compiled and compile_mode in ("auto", "on")
-    return "graph" if whole and not cudagraphs and micro_steps > 1 else "autograd"
+    if not whole or micro_steps <= 1:
+        return "autograd"
+    return "inplace" if cudagraphs else "graph"
 
 
 def round_bf16(x: Tensor) -> Tensor:
@@ -88,7 +99,25 @@ class _CastSumInto(torch.autograd.Function):
         return total + grad.to(total.dtype), None, None
 
 
-def _wrap(p: Tensor, total: Tensor, cast: Tensor | None) -> Tensor:
+class _AddInto(torch.autograd.Function):
+    """Identity on p (or its step cast, where one is given); its backward adds p's gradient into `total`
+    in place, as `add_gradient` would, and gives p none (the trainer hands p the buffer, GradBuffers)."""
+
+    @staticmethod
+    def forward(ctx, p: Tensor, total: Tensor, cast: Tensor | None) -> Tensor:
+        ctx.save_for_backward(total)
+        return p.view_as(p) if cast is None else cast.view_as(cast)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (total,) = ctx.saved_tensors
+        total.copy_(add_gradient(total, grad.to(total.dtype)))  # a cast's gradient: exact to float32
+        return None, None, None
+
+
+def _wrap(p: Tensor, total: Tensor, cast: Tensor | None, inplace: bool = False) -> Tensor:
+    if inplace:
+        return _AddInto.apply(p, total, cast)
     return _SumInto.apply(p, total) if cast is None else _CastSumInto.apply(p, total, cast)
 
 
@@ -108,15 +137,17 @@ def trained_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
 
 
 class SummedModel(nn.Module):
-    """The step model with `train.grad_accum=graph`: `forward(tokens, targets, long_blocks, dtype, sums,
-    casts)` is the model's forward whose backward adds the gradients into `sums` (one tensor per trained
-    parameter, in `trained_parameters` order), reading a parameter as its entry of `casts` where that is
-    not None (`StepCasts.aligned`); without sums (validation) the model's forward as is. Keyword arguments
-    go to the model's forward."""
+    """The step model with `train.grad_accum=graph` or `inplace`: `forward(tokens, targets, long_blocks,
+    dtype, sums, casts)` is the model's forward whose backward adds the gradients into `sums` (one tensor
+    per trained parameter, in `trained_parameters` order: returned as the parameters' gradients, or with
+    `inplace` added into the tensors themselves), reading a parameter as its entry of `casts` where that
+    is not None (`StepCasts.aligned`); without sums (validation) the model's forward as is. Keyword
+    arguments go to the model's forward."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, inplace: bool = False):
         super().__init__()
         self.model = model
+        self.inplace = inplace
 
     def forward(self, tokens: Tensor, targets: Tensor, long_blocks: Tensor, dtype: torch.dtype = torch.float32,
                 sums: list[Tensor] | None = None, casts: list[Tensor | None] | None = None,
@@ -128,7 +159,7 @@ class SummedModel(nn.Module):
         if not len(named) == len(sums) == len(casts):
             raise ValueError(f"SummedModel: {len(sums)} sums and {len(casts)} casts for {len(named)} trained "
                              "parameters")
-        params = {name: _wrap(p, s, c) for (name, p), s, c in zip(named, sums, casts)}
+        params = {name: _wrap(p, s, c, self.inplace) for (name, p), s, c in zip(named, sums, casts)}
         return torch.func.functional_call(self.model, params, (tokens, targets, long_blocks, dtype), kwargs)
 
 
@@ -141,6 +172,12 @@ class GradSums:
         self.params = [p for _, p in trained_parameters(model)]
         self._zeros: list[Tensor] | None = None
         self._before: list[Tensor | None] = []
+
+    def start(self) -> None:
+        """Before a step's first micro-step: nothing to do (autograd's `.grad` is the running sum)."""
+
+    def finish(self) -> None:
+        """After a step's last micro-step: nothing to do."""
 
     def begin(self) -> list[Tensor]:
         if self._zeros is None:
@@ -165,7 +202,7 @@ class StepCasts:
     recovery, loading), so the copies are never stale inside one. Float32 parameters only: a bfloat16 one
     needs no cast, and `_CastSumInto`'s plain add is the float32 sum's."""
 
-    def __init__(self, model: nn.Module, names, dtype: torch.dtype):
+    def __init__(self, model: nn.Module, names, dtype: torch.dtype, static: bool = False):
         named = trained_parameters(model)
         wanted = set(names)
         unknown = wanted - {name for name, _ in named}
@@ -175,6 +212,9 @@ class StepCasts:
                       if name in wanted and p.dtype == torch.float32 and dtype != torch.float32]
         self.params = [named[i][1] for i in self.slots]
         self.copies = [torch.empty_like(p, dtype=dtype) for p in self.params]
+        if static:  # CUDA graphs: read where they are, not copied into the graphs' inputs
+            for c in self.copies:
+                torch._dynamo.mark_static_address(c)
         self.count = len(named)
 
     @torch.no_grad()
@@ -187,3 +227,38 @@ class StepCasts:
         for i, c in zip(self.slots, self.copies):
             out[i] = c
         return out
+
+
+class GradBuffers:
+    """The trainer's side of `inplace`: one buffer per trained parameter, kept for the whole run, zeroed
+    before a step's first micro-step (`start`), added into by each micro-step's backward, and made the
+    parameters' `.grad` after the last one (`finish`). With `static` (CUDA graphs) the buffers are marked
+    as static addresses, so that the graphs' replays read and write them where they are. A parameter
+    named in `unused` (one no loss reaches, `GPT.unused_parameter_names`) keeps `.grad` None, as with
+    autograd."""
+
+    def __init__(self, model: nn.Module, static: bool = False, unused=()):
+        named = trained_parameters(model)
+        self.params = [p for _, p in named]
+        self.buffers = [torch.zeros_like(p) for p in self.params]
+        skip = set(unused)
+        self.handed = [(p, b) for (name, p), b in zip(named, self.buffers) if name not in skip]
+        if static:
+            for b in self.buffers:
+                torch._dynamo.mark_static_address(b)
+
+    @torch.no_grad()
+    def start(self) -> None:
+        torch._foreach_zero_(self.buffers)
+        for p in self.params:
+            p.grad = None
+
+    def begin(self) -> list[Tensor]:
+        return self.buffers
+
+    def end(self) -> None:
+        """After each micro-step: nothing to do (the backward added into the buffers)."""
+
+    def finish(self) -> None:
+        for p, b in self.handed:
+            p.grad = b

@@ -306,6 +306,16 @@ class GPT(nn.Module):
         suffixes = ("attn.qkvo_w", "attn.gate_w", "mlp.fc_w", "mlp.proj_w")
         return [name for name, _ in self.named_parameters() if name.startswith("blocks.") and name.endswith(suffixes)]
 
+    def unused_parameter_names(self) -> list[str]:
+        """Trained parameters that no loss reaches under this config: only `scalars`, where no layer reads
+        its skip weights, x0 λ or attention λ (the early ladder rungs). `grad_accum.GradBuffers` leaves
+        their `.grad` None, as autograd does; tests hold this to autograd for every preset."""
+        c = self.cfg
+        attn = sum(block.attn is not None for block in self.blocks)
+        attn_lambdas = attn > 0 and (c.value_embeds > 0 or (c.value_residual and attn > 1))
+        uses = (c.unet and c.num_layers >= 2) or c.x0_lambdas or attn_lambdas
+        return [] if uses else ["scalars"]
+
     @property
     def head_weight(self) -> Tensor:
         return self.embed.weight if self.head_w is None else self.head_w

@@ -155,8 +155,9 @@ def run_child(cfg, device: torch.device, world_size: int, rank: int = 0) -> None
     model = build_model(cfg, device, world_size, dtype)
     key_local_caches()  # the same cache keys as the trainer's
     dynamo_cache.enable(cfg, device, world_size, rank)  # the same cache entries' form; never saved here
-    summed = grad_accum.resolve(cfg.train.grad_accum, cfg.train.compile, True, cfg.train.cudagraphs,
-                                cfg.train.batch_seqs // world_size) == "graph"
+    accum = grad_accum.resolve(cfg.train.grad_accum, cfg.train.compile, True, cfg.train.cudagraphs,
+                               cfg.train.batch_seqs // world_size)
+    summed = accum if accum in ("graph", "inplace") else False  # the trainer's step model, wrapper and all
     step_model = compile_step_model(model, cfg.train.compile, True, cfg.train.cudagraphs, summed, cfg.train.pdl,
                                     cfg.train.inductor_options)
     for name, fn in (("head", lambda: warm_head(model, cfg, device)),

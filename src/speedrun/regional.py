@@ -76,22 +76,22 @@ def compile_regions(model: nn.Module, dynamic: bool = False) -> RegionalModel:
 
 
 def compile_step_model(model: nn.Module, mode: str, compiled: bool, cudagraphs: bool = False,
-                       summed: bool = False, pdl: bool = False, inductor: str = "") -> nn.Module:
+                       summed: bool | str = False, pdl: bool = False, inductor: str = "") -> nn.Module:
     """The module the trainer calls: the model itself, whole-model compiled (its graphs replayed as CUDA
     graphs with `cudagraphs`; Inductor's Triton kernels launched with programmatic dependent launch with
     `pdl`; further Inductor options from `inductor`, train.inductor_options' text), or regional; with
-    `summed` (train.grad_accum=graph) wrapped in `grad_accum.SummedModel`, whose forward takes the
-    running gradient sums."""
+    `summed` (train.grad_accum=graph: True or "graph"; "inplace") wrapped in `grad_accum.SummedModel`,
+    whose forward takes the running gradient sums."""
     from speedrun.grad_accum import SummedModel, allow_caching
 
     if summed:
         allow_caching()
-    step_model = SummedModel(model) if summed else model
+    step_model = SummedModel(model, inplace=summed == "inplace") if summed else model
     if not compiled:
         return step_model
     if mode == "regional":
         if summed or pdl or inductor:
-            raise ConfigError("train.grad_accum=graph, train.pdl and train.inductor_options need the whole-model "
+            raise ConfigError("train.grad_accum=graph or inplace, train.pdl and train.inductor_options need the whole-model "
                               "compile, not regional")
         return compile_regions(model)
     options = inductor_options(inductor)

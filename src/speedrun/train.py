@@ -286,13 +286,17 @@ class Trainer:
 
         self.grad_accum = grad_accum.resolve(cfg.train.grad_accum, cfg.train.compile, self.compiled,
                                              cfg.train.cudagraphs, self.micro_steps)
-        self.grad_sums = grad_accum.GradSums(self.model) if self.grad_accum == "graph" else None
-        self.step_casts, self.head_q = None, None
+        graphs = self.cuda_graphs
+        self.grad_sums = (grad_accum.GradSums(self.model) if self.grad_accum == "graph" else
+                          grad_accum.GradBuffers(self.model, graphs, self.model.unused_parameter_names())
+                          if self.grad_accum == "inplace" else None)
+        self.step_casts, self.head_q, self._head_static = None, None, None
         if self.grad_sums is not None and cfg.train.cast_once:
-            self.step_casts = grad_accum.StepCasts(self.model, self.model.cast_only_names(), self.dtype)
+            self.step_casts = grad_accum.StepCasts(self.model, self.model.cast_only_names(), self.dtype, graphs)
+        summed = self.grad_accum if self.grad_sums is not None else False
         self.step_model = dynamo_cache.compile_with(  # whole model or regional
             self.dynamo_packages, lambda: compile_step_model(self.model, cfg.train.compile, self.compiled,
-                                                          cfg.train.cudagraphs, self.grad_sums is not None,
+                                                          cfg.train.cudagraphs, summed,
                                                           cfg.train.pdl, cfg.train.inductor_options))
         self.optimizers = build_optimizers(self.model, cfg.optim)
         train_files, self.val_file = resolve_data(cfg)
@@ -330,7 +334,7 @@ class Trainer:
             "micro_steps": self.micro_steps, "dtype": str(self.dtype).replace("torch.", ""),
             "attention_backend": self.model.attention_backend, "fp8_head": self.model.use_fp8,
             "compile": self.compiled, "device": str(self.device),
-            "cuda_graphs": bool(self.cfg.train.cudagraphs and self.compiled),
+            "cuda_graphs": self.cuda_graphs,
             "grad_accum": self.grad_accum,
             "cast_once": self.step_casts is not None and bool(self.step_casts.copies),
             "head_once": bool(self.cfg.train.head_once and self.model.use_fp8),
@@ -379,7 +383,9 @@ class Trainer:
         batches = self.guard.next_batches()  # skips batches marked bad after a recovery
         if self.step_casts is not None:  # the parameters as the optimiser (or a recovery) left them
             self.step_casts.refresh()
-        self.head_q = self.model.head_operands() if self.cfg.train.head_once else None
+        self.head_q = self.head_operands() if self.cfg.train.head_once else None
+        if self.grad_sums is not None:
+            self.grad_sums.start()
         with self.guard.health.watch(step):  # activation hooks, on health steps only
             for i, (inputs, targets) in enumerate(batches):
                 self.mark_graph_step()
@@ -390,6 +396,8 @@ class Trainer:
                 if i == 0:
                     self.own_grads()
                 total += loss.detach()
+            if self.grad_sums is not None:
+                self.grad_sums.finish()
         self.guard.before_update(step)
         for opt in self.optimizers:
             opt.step()
@@ -409,6 +417,27 @@ class Trainer:
             return self.step_model(inputs, targets, window, self.dtype, **extra)
         casts = None if self.step_casts is None else self.step_casts.aligned()
         return self.step_model(inputs, targets, window, self.dtype, self.grad_sums.begin(), casts, **extra)
+
+    @property
+    def cuda_graphs(self) -> bool:
+        """Does the compiled step replay as CUDA graphs (train.cudagraphs, compiled)?"""
+        return bool(self.cfg.train.cudagraphs and self.compiled)
+
+    def head_operands(self):
+        """The FP8 head's weight operands for this step (`GPT.head_operands`). With CUDA graphs they are
+        copied into tensors kept for the run, marked as static addresses: new tensors each step would be
+        copied into the graphs' inputs in every micro-step."""
+        q = self.model.head_operands()
+        if q is None or not self.cuda_graphs:
+            return q
+        if self._head_static is None:
+            self._head_static = tuple(t.clone() for t in q)
+            for t in self._head_static:
+                torch._dynamo.mark_static_address(t)
+        else:
+            with torch.no_grad():
+                torch._foreach_copy_(list(self._head_static), list(q))
+        return self._head_static
 
     def mark_graph_step(self) -> None:
         """With train.cudagraphs: a new graph step before each forward. The last replay's outputs (the
