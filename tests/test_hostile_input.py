@@ -64,7 +64,7 @@ CHOICES = [  # every option with a fixed set of values, and that set as validate
     ("attention.window", "none, fixed or growing"), ("attention.backend", "auto, flex or dense"),
     ("attention.order_kernel", "torch, triton or auto"), ("optim.kind", "muon or adamw"),
     ("optim.kernel", "torch, triton or auto"), ("train.compile", "auto, on, regional or off"),
-    ("train.grad_accum", "auto, graph or autograd"), ("train.on_fault", "stop or recover"),
+    ("train.grad_accum", "auto, graph, inplace or autograd"), ("train.on_fault", "stop or recover"),
 ]
 
 

@@ -25,12 +25,14 @@ def one_process(tmp_path_factory):
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("world_size, extra", [(2, ["--set", "train.grad_accum=graph"]), (8, [])],
-                         ids=["2-graph-sums", "8"])
+@pytest.mark.parametrize("world_size, extra", [(2, ["--set", "train.grad_accum=graph"]),
+                                                (2, ["--set", "train.grad_accum=inplace"]), (8, [])],
+                         ids=["2-graph-sums", "2-inplace-sums", "8"])
 def test_world_size_gives_the_same_run(one_process, world_size, extra, tmp_path):
     """W = 2: each rank's four micro-steps add up their gradients through grad_accum's graph path (eager
-    here, the default of a compiled GPU run) before the sharded optimisers reduce them; autograd's own
-    accumulation on two processes runs in test_resume's gloo test."""
+    here, the default of a compiled GPU run), or into the buffers of its in-place path (the default with
+    CUDA graphs), before the sharded optimisers reduce them; autograd's own accumulation on two processes
+    runs in test_resume's gloo test."""
     run = tmp_path / "run"
     done = torchrun(world_size, "--out", str(run), *SETTINGS, *extra)
     assert done.returncode == 0, done.stderr[-3000:]
