@@ -137,12 +137,13 @@ def test_resolve_and_config_check():
 
 
 def test_tiny_run_unchanged(tmp_path):
-    """The tiny model (eager on the CPU, two micro-steps) with graph sums: every loss as autograd's."""
-    assert train(tmp_path / "a", "--set", "train.grad_accum=autograd", steps=4) == 0
-    assert train(tmp_path / "b", "--set", "train.grad_accum=graph", steps=4) == 0
-    assert curves(tmp_path / "a") == curves(tmp_path / "b")
-    env = json.loads((tmp_path / "b" / "env.json").read_text())
-    assert env["run"]["grad_accum"] == "graph"
+    """The tiny model (eager on the CPU, two micro-steps) with graph sums and with in-place sums: every
+    loss as autograd's."""
+    assert train(tmp_path / "autograd", "--set", "train.grad_accum=autograd", steps=4) == 0
+    for mode in ("graph", "inplace"):
+        assert train(tmp_path / mode, "--set", f"train.grad_accum={mode}", steps=4) == 0
+        assert curves(tmp_path / "autograd") == curves(tmp_path / mode), mode
+        assert json.loads((tmp_path / mode / "env.json").read_text())["run"]["grad_accum"] == mode
 
 
 def accumulate_inplace(step_model, model, batches, casts=None, unused=(), bufs=None):
@@ -215,15 +216,6 @@ def test_unused_parameter_names_match_autograd_for_every_preset():
         assert model.unused_parameter_names() == without, name
         seen.add(tuple(without))
     assert seen == {(), ("scalars",)}  # both cases occur among the presets
-
-
-def test_tiny_run_inplace_unchanged(tmp_path):
-    """The tiny model (eager on the CPU, two micro-steps) with in-place sums: every loss as autograd's."""
-    assert train(tmp_path / "a", "--set", "train.grad_accum=autograd", steps=4) == 0
-    assert train(tmp_path / "b", "--set", "train.grad_accum=inplace", steps=4) == 0
-    assert curves(tmp_path / "a") == curves(tmp_path / "b")
-    env = json.loads((tmp_path / "b" / "env.json").read_text())
-    assert env["run"]["grad_accum"] == "inplace"
 
 
 @pytest.mark.gpu

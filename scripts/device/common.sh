@@ -68,6 +68,21 @@ ab_shared() {  # ab_shared NAME ARGS...: as `ab`, on one compiler cache shared b
   echo "$(date +%T) ab $name: exit $rc | $(grep -E 'ms/step|peak mem|graphs|GPU clock|energy|rror' "$RES/ab-$name.log" | tr '\n' ' ')"
 }
 
+# arm_rounds CACHE "ORDER"...: A/B rounds of ab_shared on the compiler cache CACHE, one round per ORDER (arm
+# names, turned from round to round); arm NAME runs as "NAME<round>" with the arguments ARM_ARGS[NAME];
+# no new round once $AB_DEADLINE (measure_start) has passed
+declare -A ARM_ARGS
+arm_rounds() {
+  local cache=$1 r=1 order name; shift
+  for order in "$@"; do
+    [ "$(date +%s)" -lt "$AB_DEADLINE" ] || { echo "$(date +%T) A/B budget spent"; break; }
+    for name in $order; do
+      AB_CACHE=$cache ab_shared "$name$r" ${ARM_ARGS[$name]}
+    done
+    r=$((r + 1))
+  done
+}
+
 gpu_suite_inline() {  # the whole GPU suite in the calling queue (no bytecode prefix), then $RES/all.done
   env -u PYTHONPYCACHEPREFIX python3 -m pytest -m gpu -q tests > "$RES/gpu-tests-all.log" 2>&1
   echo "$(date +%T) GPU tests: $(tail -1 "$RES/gpu-tests-all.log")"

@@ -12,26 +12,11 @@
 set -u
 source scripts/device/common.sh
 
-three_way() {  # three_way ROUND ORDER...: one bench per name in ORDER (plain, lt, emb) on the shared cache
-  local r=$1 name; shift
-  for name in "$@"; do
-    case $name in
-      plain) AB_CACHE=ab34 ab_shared "plain$r" ;;
-      lt) AB_CACHE=ab34 ab_shared "lt$r" --set model.wgrad_blas=auto ;;
-      emb) AB_CACHE=ab34 ab_shared "emb$r" --set model.embed_kernel=triton ;;
-    esac
-  done
-}
-
 ab_queue() {
   measure_start "${AB_BUDGET:-330}"
   gpu_tests clocks 120 tests/test_gpu_clocks.py
-  local r=1 order
-  for order in "plain lt emb" "emb lt plain" "lt plain emb" "emb plain lt"; do
-    [ "$(date +%s)" -lt "$AB_DEADLINE" ] || { echo "$(date +%T) A/B budget spent"; break; }
-    three_way $r $order
-    r=$((r + 1))
-  done
+  ARM_ARGS=([plain]="" [lt]="--set model.wgrad_blas=auto" [emb]="--set model.embed_kernel=triton")
+  arm_rounds ab34 "plain lt emb" "emb lt plain" "lt plain emb" "emb plain lt"
 }
 
 warm_after_strict() {  # GPU 0: 20 proxy212 steps on the strict run's caches, no bytecode written

@@ -14,26 +14,11 @@
 set -u
 source scripts/device/common.sh
 
-three_way() {  # three_way ROUND ORDER...: one bench per name in ORDER (plain, cg, ip) on the shared cache
-  local r=$1 name; shift
-  for name in "$@"; do
-    case $name in
-      plain) AB_CACHE=ab35 ab_shared "plain$r" ;;
-      cg) AB_CACHE=ab35 ab_shared "cg$r" --set train.cudagraphs=true ;;
-      ip) AB_CACHE=ab35 ab_shared "ip$r" --set train.grad_accum=inplace ;;
-    esac
-  done
-}
-
 ab_queue() {
   gpu_tests cg 200 tests/test_cudagraphs.py
   measure_start "${AB_BUDGET:-380}"
-  local r=1 order
-  for order in "plain cg ip" "ip cg plain" "cg plain ip" "ip plain cg"; do
-    [ "$(date +%s)" -lt "$AB_DEADLINE" ] || { echo "$(date +%T) A/B budget spent"; break; }
-    three_way $r $order
-    r=$((r + 1))
-  done
+  ARM_ARGS=([plain]="" [cg]="--set train.cudagraphs=true" [ip]="--set train.grad_accum=inplace")
+  arm_rounds ab35 "plain cg ip" "ip cg plain" "cg plain ip" "ip plain cg"
 }
 
 case "${1:-}" in
