@@ -126,7 +126,8 @@ def test_bench_cpu_tiny(tmp_path, capsys, monkeypatch):
     for key in ("ms_per_step", "ms_per_step_spread", "ms_per_step_groups", "tokens_per_s", "flops_per_token",
                 "flops_per_token_timed", "achieved_flops_per_s", "matmul_peak", "fraction_of_peak",
                 "peak_memory_bytes", "setup_s", "first_step_s", "warmup_s", "compile_cache", "comm", "profile",
-                "env", "last_loss", "peak_reserved_bytes", "cuda_graphs", "grad_accum", "cast_once", "head_once"):
+                "env", "last_loss", "peak_reserved_bytes", "cuda_graphs", "grad_accum", "embed_rows", "cast_once",
+                "head_once"):
         assert key in r, key
     assert r["gpu_clocks"] == clocks and seen["stopped"] and seen["device"].type == "cpu"
     assert r["energy_j_per_step"] == pytest.approx(690.0 * r["ms_per_step"] / 1e3)

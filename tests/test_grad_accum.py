@@ -236,7 +236,8 @@ def test_gpu_graph_sums_train_like_autograd(tmp_path):
     assert_curves_close(tmp_path / "c", tmp_path / "b")
     assert_curves_close(tmp_path / "d", tmp_path / "b")
     run = json.loads((tmp_path / "b" / "env.json").read_text())["run"]
-    assert run["grad_accum"] == "graph" and run["cast_once"] is True and run["head_once"] is True
+    assert run["grad_accum"] == "inplace" and run["embed_rows"] is True  # model.embed_kernel=rows, the default
+    assert run["cast_once"] is True and run["head_once"] is True
     assert json.loads((tmp_path / "c" / "env.json").read_text())["run"]["cast_once"] is False
     assert json.loads((tmp_path / "d" / "env.json").read_text())["run"]["head_once"] is False
 

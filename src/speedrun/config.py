@@ -101,13 +101,17 @@ class ModelConfig:
     # not the math; empty = relu2_mlp.KERNEL_CONFIG. GLUON=1 (the backward's default) runs a direction on
     # the warp-specialised Gluon kernel on capability-9.0 GPUs (relu2_gluon.py; bit-equal).
     mlp_options: str = ""
-    # The embedding tables' gradients (embeddings.py): "torch" (autograd's dense embedding backward per
-    # table: Inductor's float32 buffer, atomics, then a rounding pass; the default) | "triton" (the tokens
-    # sorted once, each run of equal tokens summed by a chunked product, bfloat16 written once: the same
-    # gradients from run to run) | "auto" (triton on CUDA when installed). Same math up to the order of
-    # float32 additions. Not faster in the step on an H200 (656.19 against 656.25 ms, docs/benchmarks.md,
-    # eleventh session), so opt-in.
-    embed_kernel: str = "torch"
+    # The embedding tables' gradients: "rows" (embed_rows.py, the default: each table's gradient added
+    # into the trainer's in-place sums row by row, only the rows the tokens touch, with no dense float32
+    # table filled and read each micro-step; train.grad_accum=auto resolves to inplace for it; where the
+    # in-place sums do not run (regional compilation, grad_accum graph or autograd, no trainer) the
+    # "torch" lookups; -1.6 to -1.9 ms/step on one H200, thirty-sixth session) | "torch" (autograd's
+    # dense embedding backward per table: Inductor's float32 buffer, atomics, then a rounding pass) |
+    # "triton" (embeddings.py: the tokens sorted once, each run of equal tokens summed by a chunked
+    # product, bfloat16 written once: the same gradients from run to run) | "auto" (triton on CUDA when
+    # installed). Same math up to the order of float32 additions. "triton" is not faster in the step
+    # (eleventh and thirty-fourth sessions), so opt-in.
+    embed_kernel: str = "rows"
     # The attention gate's 12-input product (model.Attention.gate_logits): "linear" (F.linear in
     # bfloat16: three tiny cuBLAS/CUTLASS products a layer and micro-step; the default) | "inline" (the
     # same 12-term dot products written as float32 element-wise products and a sum of exact bfloat16 x
@@ -487,7 +491,7 @@ def _model_checks(m: ModelConfig) -> list[Check]:
         _one_of(m.head_rowsums, "model.head_rowsums", ("epilogue", "split", "consumers")),
         _one_of(m.qk_kernel, "model.qk_kernel", KERNEL_CHOICES),
         _one_of(m.mlp_kernel, "model.mlp_kernel", KERNEL_CHOICES),
-        _one_of(m.embed_kernel, "model.embed_kernel", KERNEL_CHOICES),
+        _one_of(m.embed_kernel, "model.embed_kernel", (*KERNEL_CHOICES, "rows")),
         _one_of(m.gate_kernel, "model.gate_kernel", ("linear", "inline")),
         _one_of(m.wgrad_blas, "model.wgrad_blas", ("cublas", "cublaslt", "auto")),
         (mlp_options_ok(m.mlp_options), "model.mlp_options",

@@ -37,7 +37,9 @@ Measured on an H200 (docs/benchmarks.md, eleventh session): the sort of
 639.54). Inductor fuses its atomic adds into the kernels that produce the
 upstream gradients, so in the model its backward costs less than alone, while
 this op needs those gradients written out. It stays an option
-(`model.embed_kernel`, default "torch") for its determinism.
+(`model.embed_kernel=triton`) for its determinism. The default, "rows"
+(`embed_rows.py`), keeps Inductor's fused atomics and drops the dense
+table's fill and rounding pass instead.
 
 Two implementations (`kernel_choice`): "torch" (`F.embedding` per table, the
 reference; autograd's backward) and "triton" (the function above; CUDA, or
@@ -88,9 +90,21 @@ def pick(tokens: Tensor, tables: list[Tensor], impl: str = "auto") -> str:
     return choice
 
 
-def lookups(tokens: Tensor, tables: list[Tensor], impl: str = "auto") -> list[Tensor]:
-    """[F.embedding(tokens, w) for w in tables]; impl as `pick`. With "triton" the tables' gradients come
-    from one sorted pass (`speedrun::embedding_backward`)."""
+def lookups(tokens: Tensor, tables: list[Tensor], impl: str = "auto",
+            sums: list[tuple[Tensor, Tensor] | None] | None = None) -> list[Tensor]:
+    """[F.embedding(tokens, w) for w in tables]; impl as `pick`, or "rows". With "triton" the tables'
+    gradients come from one sorted pass (`speedrun::embedding_backward`). With "rows", a table whose entry
+    of `sums` is a (sum, scratch) pair (a trainer's `grad_accum.GradBuffers`) adds its gradient into the
+    sum row by row (`embed_rows.lookup_into`) and gets none; the others (and all, without sums) are the
+    reference's lookups."""
+    if impl == "rows":
+        from speedrun import embed_rows
+
+        sums = [None] * len(tables) if sums is None else sums
+        if len(sums) != len(tables):
+            raise ValueError(f"embeddings.lookups: {len(sums)} sums for {len(tables)} tables")
+        return [F.embedding(tokens, w) if s is None else embed_rows.lookup_into(tokens, w, *s)
+                for w, s in zip(tables, sums)]
     if pick(tokens, tables, impl) == "torch":
         return reference(tokens, tables)
     return list(_Lookups.apply(tokens, *tables))

@@ -28,7 +28,10 @@ and Inductor writes the sum straight into the buffer) and the same values, but t
 CUDA graphs' replays read them where they are (`torch._dynamo.mark_static_address`) rather than copying
 them into static inputs, which is what kept `graph` and CUDA graphs apart. A parameter that no loss
 reaches keeps `.grad` None as with autograd: the model names it (`GPT.unused_parameter_names`, held to
-autograd for every preset by the tests), since the buffers cannot tell.
+autograd for every preset by the tests), since the buffers cannot tell. With `model.embed_kernel=rows`
+the embedding tables the model only looks up get no wrapper: `GradBuffers` keeps a float32 scratch
+table for each, and the model's lookups add their gradients into the buffers row by row
+(`embed_rows.py`), with no dense table filled and read each micro-step.
 
 The float32 matrices the model only reads cast to bfloat16 (`GPT.cast_only_names`) are cast once a step
 (`StepCasts`, `train.cast_once`) rather than in every micro-step's graph: `_CastSumInto` hands the model
@@ -43,12 +46,17 @@ from torch import Tensor, nn
 MODES = ("auto", "graph", "inplace", "autograd")
 
 
-def resolve(mode: str, compile_mode: str, compiled: bool, cudagraphs: bool, micro_steps: int) -> str:
+def resolve(mode: str, compile_mode: str, compiled: bool, cudagraphs: bool, micro_steps: int,
+            rows: bool = False) -> str:
     """"graph", "inplace" or "autograd" for a run: `auto` is "graph" where the whole model is compiled
-    and a step has more than one micro-step ("inplace" with CUDA graphs), else "autograd"."""
+    and a step has more than one micro-step ("inplace" with CUDA graphs), else "autograd"; with `rows`
+    (model.embed_kernel=rows, whose tables add into the buffers) "inplace" wherever that runs (not
+    under regional compilation)."""
     if mode != "auto":
         return mode
     whole = compiled and compile_mode in ("auto", "on")
+    if rows and (whole or not compiled):
+        return "inplace"
     if not whole or micro_steps <= 1:
         return "autograd"
     return "inplace" if cudagraphs else "graph"
@@ -138,11 +146,13 @@ def trained_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
 
 class SummedModel(nn.Module):
     """The step model with `train.grad_accum=graph` or `inplace`: `forward(tokens, targets, long_blocks,
-    dtype, sums, casts)` is the model's forward whose backward adds the gradients into `sums` (one tensor
-    per trained parameter, in `trained_parameters` order: returned as the parameters' gradients, or with
-    `inplace` added into the tensors themselves), reading a parameter as its entry of `casts` where that
-    is not None (`StepCasts.aligned`); without sums (validation) the model's forward as is. Keyword
-    arguments go to the model's forward."""
+    dtype, sums, casts, scratch)` is the model's forward whose backward adds the gradients into `sums`
+    (one tensor per trained parameter, in `trained_parameters` order: returned as the parameters'
+    gradients, or with `inplace` added into the tensors themselves), reading a parameter as its entry of
+    `casts` where that is not None (`StepCasts.aligned`). With `inplace`, a parameter whose entry of
+    `scratch` is not None (`GradBuffers.scratch`) is an embedding table the model looks up row by row
+    (`embed_rows`): the model gets its (sum, scratch) pair as `table_sums`. Without sums (validation)
+    the model's forward as is. Keyword arguments go to the model's forward."""
 
     def __init__(self, model: nn.Module, inplace: bool = False):
         super().__init__()
@@ -151,15 +161,25 @@ class SummedModel(nn.Module):
 
     def forward(self, tokens: Tensor, targets: Tensor, long_blocks: Tensor, dtype: torch.dtype = torch.float32,
                 sums: list[Tensor] | None = None, casts: list[Tensor | None] | None = None,
-                **kwargs) -> Tensor:
+                scratch: list[Tensor | None] | None = None, **kwargs) -> Tensor:
         if sums is None:
             return self.model(tokens, targets, long_blocks, dtype, **kwargs)
         named = trained_parameters(self.model)
         casts = [None] * len(named) if casts is None else casts
-        if not len(named) == len(sums) == len(casts):
-            raise ValueError(f"SummedModel: {len(sums)} sums and {len(casts)} casts for {len(named)} trained "
-                             "parameters")
-        params = {name: _wrap(p, s, c, self.inplace) for (name, p), s, c in zip(named, sums, casts)}
+        scratch = [None] * len(named) if scratch is None else scratch
+        if not len(named) == len(sums) == len(casts) == len(scratch):
+            raise ValueError(f"SummedModel: {len(sums)} sums, {len(casts)} casts and {len(scratch)} scratch "
+                             f"tables for {len(named)} trained parameters")
+        if not self.inplace and any(r is not None for r in scratch):
+            raise ValueError("SummedModel: scratch tables need the in-place sums (train.grad_accum=inplace)")
+        params, tables = {}, {}
+        for (name, p), s, c, r in zip(named, sums, casts, scratch):
+            if r is None:
+                params[name] = _wrap(p, s, c, self.inplace)
+            else:  # the model's own table, looked up by embed_rows.lookup_into
+                tables[name] = (s, r)
+        if tables:
+            kwargs["table_sums"] = [tables.get(name) for name in self.model.lookup_table_names()]
         return torch.func.functional_call(self.model, params, (tokens, targets, long_blocks, dtype), kwargs)
 
 
@@ -235,16 +255,22 @@ class GradBuffers:
     parameters' `.grad` after the last one (`finish`). With `static` (CUDA graphs) the buffers are marked
     as static addresses, so that the graphs' replays read and write them where they are. A parameter
     named in `unused` (one no loss reaches, `GPT.unused_parameter_names`) keeps `.grad` None, as with
-    autograd."""
+    autograd. A parameter named in `rows` (an embedding table only looked up, `GPT.lookup_table_names`,
+    with model.embed_kernel=rows) also gets a float32 scratch table of its shape (`scratch`, None for the
+    others), zero now and after every micro-step (`embed_rows`)."""
 
-    def __init__(self, model: nn.Module, static: bool = False, unused=()):
+    def __init__(self, model: nn.Module, static: bool = False, unused=(), rows=()):
         named = trained_parameters(model)
         self.params = [p for _, p in named]
         self.buffers = [torch.zeros_like(p) for p in self.params]
-        skip = set(unused)
+        skip, by_rows = set(unused), set(rows)
+        unknown = by_rows - {name for name, _ in named}
+        if unknown:
+            raise ValueError(f"GradBuffers: no trained parameter named {sorted(unknown)[0]!r}")
+        self.scratch = [torch.zeros_like(p, dtype=torch.float32) if name in by_rows else None for name, p in named]
         self.handed = [(p, b) for (name, p), b in zip(named, self.buffers) if name not in skip]
         if static:
-            for b in self.buffers:
+            for b in self.buffers + [r for r in self.scratch if r is not None]:
                 torch._dynamo.mark_static_address(b)
 
     @torch.no_grad()

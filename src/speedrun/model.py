@@ -316,6 +316,14 @@ class GPT(nn.Module):
         uses = (c.unet and c.num_layers >= 2) or c.x0_lambdas or attn_lambdas
         return [] if uses else ["scalars"]
 
+    def lookup_table_names(self) -> list[str | None]:
+        """The embedding tables in the order `hidden` looks them up (the token embedding, then the value
+        embeddings), None for a table also read elsewhere (the token embedding as a tied head): with
+        model.embed_kernel=rows a trainer adds the named tables' gradients into its buffers row by row
+        (`grad_accum.GradBuffers`, `embed_rows`)."""
+        values = [f"value_embeds.{i}.weight" for i in range(len(self.value_embeds))]
+        return [None if self.head_w is None else "embed.weight", *values]
+
     @property
     def head_weight(self) -> Tensor:
         return self.embed.weight if self.head_w is None else self.head_w
@@ -373,13 +381,14 @@ class GPT(nn.Module):
 
     # ------------------------------------------------------------ forward
 
-    def hidden(self, tokens: Tensor, long_blocks: Tensor, dtype: torch.dtype) -> Tensor:
-        """Final hidden states (1, T, dim) for one packed row of tokens (T,)."""
+    def hidden(self, tokens: Tensor, long_blocks: Tensor, dtype: torch.dtype,
+               table_sums: list[tuple[Tensor, Tensor] | None] | None = None) -> Tensor:
+        """Final hidden states (1, T, dim) for one packed row of tokens (T,); table_sums: as `forward`."""
         pos = self.positions(tokens.numel(), tokens.device)
         masks = self.masks(tokens, long_blocks)
         rope = self.rope(pos, tokens.numel())
         tables = [self.embed.weight, *(emb.weight for emb in self.value_embeds)]
-        looked_up = embeddings.lookups(tokens, tables, self.cfg.embed_kernel)
+        looked_up = embeddings.lookups(tokens, tables, self.cfg.embed_kernel, table_sums)
         ve = [v.to(dtype)[None] for v in looked_up[1:]]
         x = x0 = self.embed_tokens(tokens, pos, dtype, looked_up[0])[None]
         lay = scalar_layout(self.cfg.num_layers)
@@ -405,10 +414,13 @@ class GPT(nn.Module):
         return self.softcap(_linear(x, self.head_weight))
 
     def forward(self, tokens: Tensor, targets: Tensor, long_blocks: Tensor, dtype: torch.dtype = torch.float32,
-                head_q: tuple[Tensor, Tensor] | None = None) -> Tensor:
+                head_q: tuple[Tensor, Tensor] | None = None,
+                table_sums: list[tuple[Tensor, Tensor] | None] | None = None) -> Tensor:
         """Cross-entropy: summed over tokens in training, mean in evaluation; head_q: `head_operands()`
-        made for the current weights (the training head then does not quantise its weight)."""
-        return self.head_loss(self.hidden(tokens, long_blocks, dtype)[0], targets, head_q)
+        made for the current weights (the training head then does not quantise its weight); table_sums:
+        with model.embed_kernel=rows, a (sum, scratch) pair or None per `lookup_table_names` entry, from
+        a trainer's `grad_accum.GradBuffers` (those tables' gradients go into the sums, `embed_rows`)."""
+        return self.head_loss(self.hidden(tokens, long_blocks, dtype, table_sums)[0], targets, head_q)
 
     def head_loss(self, x: Tensor, targets: Tensor, head_q: tuple[Tensor, Tensor] | None = None) -> Tensor:
         """The head and the loss on final hidden states (T, dim)."""

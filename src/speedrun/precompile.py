@@ -156,7 +156,7 @@ def run_child(cfg, device: torch.device, world_size: int, rank: int = 0) -> None
     key_local_caches()  # the same cache keys as the trainer's
     dynamo_cache.enable(cfg, device, world_size, rank)  # the same cache entries' form; never saved here
     accum = grad_accum.resolve(cfg.train.grad_accum, cfg.train.compile, True, cfg.train.cudagraphs,
-                               cfg.train.batch_seqs // world_size)
+                               cfg.train.batch_seqs // world_size, cfg.model.embed_kernel == "rows")
     summed = accum if accum in ("graph", "inplace") else False  # the trainer's step model, wrapper and all
     step_model = compile_step_model(model, cfg.train.compile, True, cfg.train.cudagraphs, summed, cfg.train.pdl,
                                     cfg.train.inductor_options)

@@ -284,11 +284,14 @@ class Trainer:
         self.startup.mark("model")
         from speedrun import grad_accum
 
+        rows = cfg.model.embed_kernel == "rows"
         self.grad_accum = grad_accum.resolve(cfg.train.grad_accum, cfg.train.compile, self.compiled,
-                                             cfg.train.cudagraphs, self.micro_steps)
+                                             cfg.train.cudagraphs, self.micro_steps, rows)
         graphs = self.cuda_graphs
+        rows = rows and self.grad_accum == "inplace"  # else the tables' dense gradients (same values)
+        tables = [n for n in self.model.lookup_table_names() if n] if rows else []
         self.grad_sums = (grad_accum.GradSums(self.model) if self.grad_accum == "graph" else
-                          grad_accum.GradBuffers(self.model, graphs, self.model.unused_parameter_names())
+                          grad_accum.GradBuffers(self.model, graphs, self.model.unused_parameter_names(), tables)
                           if self.grad_accum == "inplace" else None)
         self.step_casts, self.head_q, self._head_static = None, None, None
         if self.grad_sums is not None and cfg.train.cast_once:
@@ -336,6 +339,7 @@ class Trainer:
             "compile": self.compiled, "device": str(self.device),
             "cuda_graphs": self.cuda_graphs,
             "grad_accum": self.grad_accum,
+            "embed_rows": any(r is not None for r in getattr(self.grad_sums, "scratch", ())),
             "cast_once": self.step_casts is not None and bool(self.step_casts.copies),
             "head_once": bool(self.cfg.train.head_once and self.model.use_fp8),
         }
@@ -416,6 +420,9 @@ class Trainer:
         if self.grad_sums is None:
             return self.step_model(inputs, targets, window, self.dtype, **extra)
         casts = None if self.step_casts is None else self.step_casts.aligned()
+        scratch = getattr(self.grad_sums, "scratch", None)  # GradBuffers' tables for model.embed_kernel=rows
+        if scratch is not None and any(r is not None for r in scratch):
+            extra["scratch"] = scratch
         return self.step_model(inputs, targets, window, self.dtype, self.grad_sums.begin(), casts, **extra)
 
     @property
