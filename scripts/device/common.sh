@@ -7,8 +7,11 @@ mkdir -p "$RES"
 unpack_proxy() {
   (cd .proxy && for f in *.xz; do [ -f "${f%.xz}" ] || xz -dk "$f" & done; wait)
 }
-collect() {  # tar the small files of every run under /tmp/runs into $OUT
-  (cd /tmp && tar czf "$OUT/results.tar.gz" --exclude='*.safetensors' --exclude='checkpoints' runs speedrun-results 2>/dev/null)
+collect() {  # tar the small files of every run under /tmp/runs into $OUT; a checkpoint or export being
+  # written (.tmp-step_*/, .model.safetensors.tmp) stays out too: the thirty-seventh session's tar caught
+  # one mid-write, ran past the call's limit and came back too large
+  (cd /tmp && tar czf "$OUT/results.tar.gz" --exclude='*.safetensors' --exclude='*.tmp' --exclude='.tmp-*' \
+    --exclude='checkpoints' runs speedrun-results 2>/dev/null)
 }
 follow() {  # follow SECONDS "DONE FILES" "LOG FILES": wait until every done file exists or SECONDS pass,
   # print the logs and each run's last metrics line; succeeds when all are done
