@@ -242,3 +242,17 @@ flex_profile() {  # flex_profile CACHE: a profiled bench (3 steps) on fresh cach
   echo "bench: exit $? | $(grep -E 'ms/step|GPU clock|rror' "$RES/prof.log" | tr '\n' ' ')"
   python3 scripts/device/flex_layers.py "$RES/prof.txt.trace.json.gz"
 }
+
+# full_arms ARM...: proxy212 runs one after the other on the `strict` compiler cache, each named full-ARM-N
+# (N the next free number), with the extra `speedrun train` arguments ${FULL_ARGS[ARM]} (the caller declares
+# the associative array FULL_ARGS; an arm it does not name runs the defaults); then one summary line per run
+full_arms() {
+  local arm n
+  clocks_log clocks-full.csv
+  for arm in "$@"; do
+    n=1; while [ -e "/tmp/runs/full-$arm-$n" ]; do n=$((n + 1)); done
+    echo "${FULL_ARGS[$arm]:-}" > /tmp/full-extra
+    TRAIN_EXTRA_FILE=/tmp/full-extra train 0 "full-$arm-$n" strict
+  done
+  summaries
+}

@@ -21,16 +21,10 @@ ab_queue() {
   arm_rounds ab36 "plain rows" "rows plain" "plain rows" "rows plain" "plain rows"
 }
 
+declare -A FULL_ARGS=([rows]="--set model.embed_kernel=rows")
 fullab_queue() {
-  local arm n
   [ -n "${TESTS_FIRST:-}" ] && gpu_tests rows2 200 tests/test_embed_rows.py
-  clocks_log clocks-full.csv
-  for arm in "$@"; do
-    n=1; while [ -e "/tmp/runs/full-$arm-$n" ]; do n=$((n + 1)); done
-    if [ "$arm" = rows ]; then echo "--set model.embed_kernel=rows" > /tmp/full-extra; else : > /tmp/full-extra; fi
-    TRAIN_EXTRA_FILE=/tmp/full-extra train 0 "full-$arm-$n" strict
-  done
-  summaries
+  full_arms "$@"
 }
 
 case "${1:-}" in

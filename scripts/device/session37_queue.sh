@@ -10,21 +10,12 @@
 set -u
 source scripts/device/common.sh
 
-fullab_queue() {
-  local arm n
-  clocks_log clocks-full.csv
-  for arm in "$@"; do
-    n=1; while [ -e "/tmp/runs/full-$arm-$n" ]; do n=$((n + 1)); done
-    if [ "$arm" = cg ]; then echo "--set train.cudagraphs=true" > /tmp/full-extra; else : > /tmp/full-extra; fi
-    TRAIN_EXTRA_FILE=/tmp/full-extra train 0 "full-$arm-$n" strict
-  done
-  summaries
-}
+declare -A FULL_ARGS=([cg]="--set train.cudagraphs=true")
 
 case "${1:-}" in
   suite) check_start; ( clocks_log clocks-suite.csv; gpu_suite_inline ) > "$RES/q.log" 2>&1 ;;
   fullab) shift; restore_proxy; bytecode_on
-          ( fullab_queue "$@"; touch "$RES/full.done" ) > "$RES/q-full.log" 2>&1 ;;
+          ( full_arms "$@"; touch "$RES/full.done" ) > "$RES/q-full.log" 2>&1 ;;
   wait) follow_and_collect "${2:-560}" "$RES/${3:-all}.done" "$RES/${4:-q.log}"; exit $? ;;
   *) echo "usage: $0 suite | fullab ARM... | wait SECONDS [DONE-NAME [LOG]]" >&2; exit 2 ;;
 esac
