@@ -72,11 +72,19 @@ def test_energy_and_cycles_per_step_from_the_means():
     got = gc.per_step(s, 600.0)
     assert got["energy_j_per_step"] == pytest.approx(414.78) and got["sm_mcycles_per_step"] == pytest.approx(939.0)
     assert gc.describe_per_step(got).startswith("414.8 J, 939.0 M SM cycles")
+    assert got["energy_source"] == "sampled" and got["energy_j_per_step_sampled"] == pytest.approx(414.78)
+    s["counter"] = {"energy_j": 2100.0, "seconds": 3.0, "power_w": 700.0}  # the counter's mean power wins
+    got = gc.per_step(s, 600.0)
+    assert got["energy_j_per_step"] == pytest.approx(420.0) and got["energy_source"] == "counter"
+    assert got["energy_j_per_step_sampled"] == pytest.approx(414.78)
+    assert "energy counter" in gc.describe_per_step(got)
     no_power = gc.summarize([gc.parse_row("1410, [N/A], [N/A], [Not Supported], 31", ())], reasons_known=False)
     got = gc.per_step(no_power, 500.0)
-    assert got == {"energy_j_per_step": None, "sm_mcycles_per_step": pytest.approx(705.0)}
+    assert got["energy_j_per_step"] is None and got["sm_mcycles_per_step"] == pytest.approx(705.0)
+    assert got["energy_source"] is None and got["energy_j_per_step_sampled"] is None
     assert gc.describe_per_step(got).startswith("705.0 M SM cycles")
-    assert gc.per_step(None, 500.0) == {"energy_j_per_step": None, "sm_mcycles_per_step": None}
+    assert gc.per_step(None, 500.0)["energy_j_per_step"] is None
+    assert gc.per_step(None, 500.0)["sm_mcycles_per_step"] is None
     assert gc.per_step(s, None)["sm_mcycles_per_step"] is None
     assert gc.describe_per_step(gc.per_step(None, 1.0)).startswith("n/a")
 
@@ -90,6 +98,7 @@ def test_sampler_collects_until_stopped(tmp_path):
     s = sampler.stop()
     assert s["samples"] >= 8 and s["sm_clock_mhz_min"] == 1515 and s["sm_clock_mhz_max"] == 1980
     assert s["samples"] == len(sampler.rows)  # the probe's row (the script's first) is not among them
+    assert s["counter"] is None  # no energy counter was given
     assert sampler.reasons[0] == "clocks_event_reasons.sw_power_cap"
     assert 0.5 <= s["reason_shares"]["sw_power_cap"] <= 0.85  # 3 of every 4 rows
     assert sampler.stop() is None  # stopping twice is harmless

@@ -15,13 +15,15 @@ One query costs the host a few tens of milliseconds, off the training thread; th
 touched. Where nvidia-smi is missing or fails, the summary is None and reports say "n/a": a timing is
 never lost for want of its clocks.
 
-Two figures per step come from the same samples (`per_step`): the energy (mean power x step time) and
-the SM cycles (mean clock x step time). On a card held at its power cap the step takes about its energy
-divided by the cap, so a change that saves cycles but spends more energy per step runs slower there
-(the thirty-fourth session: the weight gradients on cuBLASLt took 0.9% fewer cycles a step and 0.6%
-more energy, and the step was 0.6% slower); an uncapped card sees the cycles. Both are estimates: the
-driver's power reading is itself an average (over one second on recent GPUs) and the samples are 0.25 s
-apart, so they need timed parts of tens of seconds.
+Two figures per step come from the same span (`per_step`): the energy (mean power x step time) and
+the SM cycles (mean clock x step time). The mean power is the card's own energy counter's over the
+span where it can be read (`energy_counter.py`: two reads, exact), else the samples' mean. On a card
+held at its power cap the step takes about its energy divided by the cap, so a change that saves
+cycles but spends more energy per step runs slower there (the thirty-fourth session: the weight
+gradients on cuBLASLt took 0.9% fewer cycles a step and 0.6% more energy, and the step was 0.6%
+slower); an uncapped card sees the cycles. The sampled figures are estimates: the driver's power
+reading is itself an average (over one second on recent GPUs) and the samples are 0.25 s apart, so
+they need timed parts of tens of seconds; the counter's energy does not, the mean clock still does.
 
 The reasons come from `clocks_event_reasons.*` (drivers from 535 on); older drivers name the same
 fields `clocks_throttle_reasons.*`, tried next; failing both, the clocks and power are kept without
@@ -34,6 +36,9 @@ import shutil
 import statistics
 import subprocess
 import threading
+import time
+
+from speedrun import energy_counter
 
 BASE_FIELDS = ("clocks.sm", "clocks.max.sm", "power.draw", "power.limit", "temperature.gpu")
 REASONS = ("sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
@@ -91,10 +96,13 @@ def summarize(rows: list[dict], reasons_known: bool) -> dict | None:
 
 class ClockSampler:
     """Samples one GPU from `start()` to `stop()` in a daemon thread; `stop()` returns `summarize`'s dict
-    or None. `smi` is the nvidia-smi executable (a stand-in in tests)."""
+    or None. `smi` is the nvidia-smi executable (a stand-in in tests); `counter` the card's energy counter
+    (`energy_counter.open_counter`), read at `start` and `stop`, or None."""
 
-    def __init__(self, gpu: str | None, interval_s: float = 0.25, smi: str = "nvidia-smi"):
+    def __init__(self, gpu: str | None, interval_s: float = 0.25, smi: str = "nvidia-smi",
+                 counter: energy_counter.EnergyCounter | None = None):
         self.gpu, self.interval_s, self.smi = gpu, interval_s, smi
+        self.span = energy_counter.Span(counter, time.perf_counter)
         self.rows: list[dict] = []
         self.reasons: tuple[str, ...] = ()
         self._stop = threading.Event()
@@ -129,6 +137,7 @@ class ClockSampler:
             return False
         self._thread = threading.Thread(target=self._loop, name="speedrun-gpu-clocks", daemon=True)
         self._thread.start()
+        self.span.start()
         return True
 
     def _loop(self) -> None:
@@ -142,28 +151,43 @@ class ClockSampler:
         than one interval)."""
         if self._thread is None:
             return None
+        energy = self.span.stop()
         self._stop.set()
         self._thread.join()
         self._thread = None
-        return summarize(self.rows, bool(self.reasons))
+        summary = summarize(self.rows, bool(self.reasons))
+        if summary is not None:
+            summary["counter"] = energy  # {"energy_j", "seconds", "power_w"} or None
+        return summary
 
 
 def per_step(summary: dict | None, ms_per_step: float | None) -> dict:
-    """The energy (J) and SM cycles (millions) of one step: the samples' mean power and mean clock times
-    the step time; each None where the summary, its power or the step time is missing."""
+    """The energy (J) and SM cycles (millions) of one step: the mean power and the samples' mean clock
+    times the step time; each None where the summary, its power or the step time is missing. The power
+    is the energy counter's over the span where it was read ("energy_source": "counter"), else the
+    samples' mean ("sampled"); `energy_j_per_step_sampled` keeps the latter either way."""
+    none = {"energy_j_per_step": None, "sm_mcycles_per_step": None, "energy_j_per_step_sampled": None,
+            "energy_source": None}
     if not summary or ms_per_step is None:
-        return {"energy_j_per_step": None, "sm_mcycles_per_step": None}
-    power = summary.get("power_w_mean")
+        return none
+    sampled = summary.get("power_w_mean")
+    counted = (summary.get("counter") or {}).get("power_w")
+    power = counted if counted is not None else sampled
     return {"energy_j_per_step": None if power is None else power * ms_per_step / 1e3,
-            "sm_mcycles_per_step": summary["sm_clock_mhz_mean"] * ms_per_step / 1e3}
+            "sm_mcycles_per_step": summary["sm_clock_mhz_mean"] * ms_per_step / 1e3,
+            "energy_j_per_step_sampled": None if sampled is None else sampled * ms_per_step / 1e3,
+            "energy_source": None if power is None else ("counter" if counted is not None else "sampled")}
 
 
 def describe_per_step(figures: dict) -> str:
-    """"413.8 J, 963.9 M SM cycles (sampled mean power and clock x ms/step)", or "n/a"."""
+    """"413.8 J, 963.9 M SM cycles (energy counter's mean power and sampled mean clock x ms/step)", or
+    "n/a"."""
     energy, cycles = figures.get("energy_j_per_step"), figures.get("sm_mcycles_per_step")
     if cycles is None:
         return "n/a (no clock samples)"
     parts = ([] if energy is None else [f"{energy:.1f} J"]) + [f"{cycles:.1f} M SM cycles"]
+    if figures.get("energy_source") == "counter":
+        return ", ".join(parts) + " (energy counter's mean power and sampled mean clock x ms/step)"
     return ", ".join(parts) + " (sampled mean power and clock x ms/step)"
 
 
@@ -188,7 +212,8 @@ def describe(summary: dict | None) -> str:
 
 def start(device, interval_s: float = 0.25) -> ClockSampler:
     """A started sampler for a torch device (inactive where it cannot sample: `stop()` then gives None)."""
-    sampler = ClockSampler(device_uuid(device), interval_s)
+    uuid = device_uuid(device)
+    sampler = ClockSampler(uuid, interval_s, counter=energy_counter.open_counter(uuid))
     sampler.start()
     return sampler
 
