@@ -28,6 +28,9 @@ Parts (forward + backward each, compiled as the model is, the model's own module
   as `train.head_once` does), forward + backward;
 - `bf16_mm`: cuBLAS's bare product of the MLP's shape (49,152 x 768 x 3,072), for J per TFLOP;
   `fp8_mm`: the head's forward product alone (`torch._scaled_mm`, e4m3, 49,152 x 768 x 50,304);
+- `train_step`: the whole training step (`speedrun bench`'s trainer on the same shards, steps cycling over
+  four points of the run's window schedule): the step's own energy in this process;
+- `optimizers`: the optimisers' step alone (Muon and Adam over every parameter, random gradients);
 - `spin`: one thread spinning on the GPU (`torch.cuda._sleep`): the card's power with its clocks up
   and nothing else to do.
 
@@ -183,9 +186,35 @@ def main(data_dir: str, out: str, seconds: float = 3.0, smoke: bool = False) -> 
     head_q = model.head_operands()
     head = torch.compile(lambda a: model.head_loss(a, targets, head_q))
     run("head", grads_of(lambda: head(xh), [xh], [model.head_w], torch.ones((), device=dev)))
+    trainer_parts(data_dir, run, smoke)
     res["per_micro_step"] = summarise(res["parts"], d)
     Path(out).write_text(json.dumps(res, indent=1))
     print(json.dumps(res["per_micro_step"], indent=1), flush=True)
+
+
+def trainer_parts(data_dir: str, run, smoke: bool) -> None:
+    """The whole step and the optimisers alone, on `speedrun bench`'s trainer (its config: no validation,
+    no checkpoints); `run(name, fn)` measures."""
+    import itertools
+    from argparse import Namespace
+
+    from speedrun.bench import Session, _config
+
+    args = Namespace(preset="proxy212", overrides=[], data="random" if smoke else data_dir)
+    cfg = _config(args)
+    if smoke:
+        m, t = cfg.model, cfg.train
+        m.model_dim, m.num_heads, m.head_dim, m.mlp_hidden = 128, 2, 64, 512
+        t.seq_len, t.batch_seqs = 1024, 2
+    session = Session(cfg, args, 8, time.time())
+    steps = itertools.cycle([26, 79, 132, 185])  # long windows spread over the run (about 2 to 13 blocks)
+    run("train_step", lambda: session.step(next(steps)))
+    trainer = session.trainer
+    for p in trainer.model.parameters():
+        if p.requires_grad:
+            p.grad = torch.randn_like(p) * 1e-3
+    run("optimizers", lambda: [opt.step() for opt in trainer.optimizers])
+    session.close()
 
 
 def summarise(parts: dict, d: int) -> dict:
@@ -247,8 +276,15 @@ def report(data_dir: str, parts_path: str, bench_path: str) -> None:
         if j is None:
             continue
         print(f"{name:62s} {micro * j:7.1f} J/step  {100 * micro * j / step_j:5.1f}%")
-    print(f"{'outside the parts (step less all parts)':62s} {step_j - micro * m['sum']:7.1f} J/step  "
-          f"{100 * (step_j - micro * m['sum']) / step_j:5.1f}%")
+    outside = step_j - micro * m["sum"]
+    if "optimizers" in parts:
+        opt = parts["optimizers"]["j"]
+        print(f"{'the optimisers alone':62s} {opt:7.1f} J/step  {100 * opt / step_j:5.1f}%")
+        outside -= opt
+    print(f"{'outside the parts (step less all parts)':62s} {outside:7.1f} J/step  {100 * outside / step_j:5.1f}%")
+    if "train_step" in parts:
+        ts = parts["train_step"]
+        print(f"the step in this process: {ts['us'] / 1e3:.1f} ms, {ts['j']:.1f} J at {ts['mhz_median']} MHz median")
     tf = attention_tflop(data_dir)
     for key in tf:
         core, fwd = parts[f"attn_core_{key}"], parts.get(f"attn_fwd_{key}")

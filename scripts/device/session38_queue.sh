@@ -4,6 +4,8 @@
 #           proxy's shards 1-3 (--data .proxy), its energy a step now from the counter [ab-def.json];
 #           then scripts/device/energy_parts.py on the same shards [energy-parts.json, energy-parts.log]
 #           [all.done, q.log]
+#   parts   energy_parts.py alone, the step and the optimisers included (no bench, no test)
+#           [energy-parts.json, energy-parts.log, all.done, q.log]
 #   fullab ARM...  proxy212 runs one after the other on one compiler cache, ARM "def" (the default) or "cg"
 #          (--set train.cudagraphs=true), each run named full-ARM-N with N the next free number
 #          [full.done, q-full.log]
@@ -27,10 +29,19 @@ energy_queue() {
   tail -40 "$RES/energy-parts.log"
 }
 
+parts_queue() {
+  measure_start
+  env $(caches energy fresh) timeout 500 python3 scripts/device/energy_parts.py .proxy "$RES/energy-parts.json" \
+    > "$RES/energy-parts.log" 2>&1
+  echo "$(date +%T) energy parts: exit $?"
+  tail -45 "$RES/energy-parts.log"
+}
+
 case "${1:-}" in
+  parts) check_start; ( parts_queue; touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
   energy) check_start; ( energy_queue; touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
   fullab) shift; restore_proxy; bytecode_on
           ( full_arms "$@"; touch "$RES/full.done" ) > "$RES/q-full.log" 2>&1 ;;
   wait) follow_and_collect "${2:-560}" "$RES/${3:-all}.done" "$RES/${4:-q.log}"; exit $? ;;
-  *) echo "usage: $0 energy | fullab ARM... | wait SECONDS [DONE-NAME [LOG]]" >&2; exit 2 ;;
+  *) echo "usage: $0 energy | parts | fullab ARM... | wait SECONDS [DONE-NAME [LOG]]" >&2; exit 2 ;;
 esac
