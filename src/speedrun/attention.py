@@ -9,7 +9,7 @@ taken nearest first, up to W - 1 of them; blocks that are only partly
 visible ("partial": the diagonal and document-boundary blocks) fill the rest,
 at least one.
 
-Two backends compute the same function:
+Three backends compute the same function:
 - `flex`: FlexAttention with a `BlockMask` built from the block structure.
   The window is a tensor, so a new window size never recompiles.
   `sparse_block` (a divisor of the block size, e.g. 64) hands the kernel a
@@ -24,8 +24,13 @@ Two backends compute the same function:
   cheaply: the window's blocks by rank (prefix sums) as dense (NB, NB)
   matrices, the lists the kernels read by one prefix-sum kernel each
   (`block_order`; its reference is an argsort).
+- `gluon`: kernels of this project's own (`attn_gluon`, Hopper only) on the
+  same 64-token block lists and document ids, forward and backward; `auto`
+  picks it on an H100/H200 at the record's shapes (docs/benchmarks.md,
+  thirty-ninth session: -10 ms a step, the same loss).
 - `dense`: a plain boolean (T, T) mask and `scaled_dot_product_attention`;
-  the reference the tests hold FlexAttention to, and the CPU path.
+  the reference the tests hold FlexAttention and the Gluon kernels to, and
+  the CPU path.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from speedrun import block_order
+from speedrun import attn_gluon, block_order  # attn_gluon: its ops registered before any cached graph calls them
 
 EOT = 50256
 
@@ -228,11 +233,14 @@ class AttentionMasks:
                  flex_options: dict | None = None, sparse_block: int | None = None, order_kernel: str = "auto"):
         self.backend = backend
         self.flex_options = dict(flex_options) if flex_options else None
-        if backend == "flex":
+        if backend in ("flex", "gluon"):
             s = block_structure(docs, block_size)
             self.long = flex_block_mask(s, long_blocks, block_size, sparse_block, order_kernel)
             self.short = flex_block_mask(s, short_blocks, block_size, sparse_block, order_kernel)
-        else:
+        if backend == "gluon":  # the kernels read the BlockMasks' lists and the document ids themselves
+            self.docs = docs
+            self.long, self.short = attn_gluon.block_lists(self.long), attn_gluon.block_lists(self.short)
+        elif backend != "flex":
             self.long = dense_mask(docs, long_blocks, block_size)
             self.short = self.long if short_blocks is long_blocks else dense_mask(docs, short_blocks, block_size)
 
@@ -240,11 +248,34 @@ class AttentionMasks:
         mask = self.long if long else self.short
         if self.backend == "flex":
             return flex_attention(q, k, v, mask, scale, self.flex_options)
+        if self.backend == "gluon":
+            return attn_gluon.attention(q, k, v, self.docs, mask, scale)
         return dense_attention(q, k, v, mask, scale)
 
 
-def pick_backend(requested: str, device: torch.device) -> str:
-    """`auto`: FlexAttention on CUDA, the dense reference elsewhere."""
+def pick_backend(requested: str, device: torch.device, tiles: int | None = None, head_dim: int | None = None,
+                 dtype: torch.dtype = torch.bfloat16) -> str:
+    """`auto`: the Gluon kernels (`attn_gluon`) on a Hopper GPU in bfloat16 at the shapes they were measured on
+    (64-token mask blocks, head_dim 128) where Gluon imports, FlexAttention on other CUDA devices, dtypes and
+    shapes, the dense reference elsewhere; ValueError where an explicit `gluon` cannot run."""
+    if requested == "gluon":
+        if not _hopper(device):
+            raise ValueError(f"attention.backend=gluon: its kernels are for Hopper GPUs (sm_90); this run's device "
+                             f"is {device}: use attention.backend=auto")
+        if dtype != torch.bfloat16:
+            raise ValueError(f"attention.backend=gluon: its kernels take bfloat16, this run computes in {dtype} "
+                             f"(train.dtype): use attention.backend=auto")
+        if not attn_gluon.available():
+            raise ValueError("attention.backend=gluon: Triton's Gluon (Hopper) does not import here")
     if requested != "auto":
         return requested
-    return "flex" if device.type == "cuda" else "dense"
+    if device.type != "cuda":
+        return "dense"
+    if (_hopper(device) and tiles == 64 and head_dim == 128 and dtype == torch.bfloat16
+            and attn_gluon.available()):
+        return "gluon"
+    return "flex"
+
+
+def _hopper(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)

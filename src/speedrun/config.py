@@ -142,7 +142,10 @@ class AttentionConfig:
     window: str = "growing"  # "none" (full causal) | "fixed" | "growing"
     window_tokens: int = 1728  # final long window before rounding up to a block
     long_short: bool = True  # short window = long // 2 on non-long layers
-    backend: str = "auto"  # "auto" | "flex" | "dense"
+    # "auto" | "flex" | "dense" | "gluon" (speedrun.attn_gluon: the same function on FlexAttention's 64-token
+    # block lists in kernels of its own; Hopper only, sparse_block 64). "auto": gluon on a Hopper GPU with
+    # sparse_block 64, head_dim 128 and bfloat16 (what it was measured on), flex on other GPUs, dense on a CPU.
+    backend: str = "auto"
     segment_len: int = 0  # >0: the row is independent sequences of this length (positions restart)
     # FlexAttention kernel options, "KEY=VALUE,..." (torch's FlexKernelOptions, e.g. fwd_BLOCK_M=128,
     # bwd_num_warps=4); "" = torch's defaults. Tile sizes only: the same function, another schedule.
@@ -510,7 +513,9 @@ def _attention_checks(a: AttentionConfig, t: TrainConfig) -> list[Check]:
         (not a.segment_len or t.seq_len % a.segment_len == 0, "attention.segment_len",
          f"train.seq_len={t.seq_len} must be a multiple of it"),
         _one_of(a.window, "attention.window", ("none", "fixed", "growing")),
-        _one_of(a.backend, "attention.backend", ("auto", "flex", "dense")),
+        _one_of(a.backend, "attention.backend", ("auto", "flex", "dense", "gluon")),
+        (a.backend != "gluon" or tiles == 64, "attention.backend",
+         f"gluon runs on 64-token blocks: needs attention.sparse_block=64 (or block_size 64), got {tiles}"),
         _one_of(a.order_kernel, "attention.order_kernel", KERNEL_CHOICES),
         (flex_options_ok(a.flex_options), "attention.flex_options",
          f"must be KEY=VALUE pairs separated by commas (integers or true/false), got {a.flex_options!r}"),

@@ -160,7 +160,9 @@ def build_model(cfg: RunConfig, device: torch.device, world_size: int, dtype: to
                 m.to(torch.bfloat16)
     if model.rotary is not None:  # rotary angles as a table: two loads instead of cos/sin per element
         model.rotary.build_table(max(cfg.train.seq_len, cfg.train.val_seq_len))
-    model.attention_backend = pick_backend(cfg.attention.backend, device)
+    model.attention_backend = pick_backend(cfg.attention.backend, device,
+                                           cfg.attention.sparse_block or cfg.attention.block_size, cfg.model.head_dim,
+                                           dtype)
     if model.attention_backend == "flex" and cfg.attention.sparse_block:
         from speedrun.flex_tiles import use_sparse_block  # imports Inductor's heuristics: ~2 s, only here
 

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Issue 4, for the thirty-ninth session: the attention forward as a Gluon kernel of its own (attn_gluon.py).
+#   attn [STAGES]  its GPU tests [gpu-tests-attn.log]; then scripts/device/attn_gluon_bench.py on the
+#                  proxy's first training shard: agreement with FlexAttention's forward, time and energy a
+#                  call at each window [attn-gluon.json, attn-gluon.log] [all.done, q.log]
+#   ab ROUNDS  `speedrun bench` of proxy212 on the proxy's shards 1-3, the default (FlexAttention) and
+#              --set attention.backend=gluon in turns, ROUNDS rounds, each arm on its own compiler cache
+#              [ab-{def,gluon}-N.json/.log] [ab.done, q-ab.log]
+#   fullab ARM...  proxy212 runs one after the other, ARM "def" or "gluon" (session38_queue.sh's fullab)
+#                  [full.done, q-full.log]; a call carrying shard 4 after one that kept shards 1-3
+#   wait S [D [LOG]]  follow until $RES/D.done or S seconds; tar results into $OUT
+# Carry [".proxy"] (shards 1-3 and val).
+set -u
+source scripts/device/common.sh
+
+declare -A FULL_ARGS=([gluon]="--set attention.backend=gluon")
+
+attn_queue() {
+  gpu_tests attn 300 tests/test_attn_gluon.py
+  grep -E "Error|assert|passed|failed" "$RES/gpu-tests-attn.log" | head -30
+  measure_start
+  PYTHONPATH=src timeout 280 python3 scripts/device/attn_gluon_bench.py .proxy "$RES/attn-gluon.json" 1.5 "${1:-2}" \
+    > "$RES/attn-gluon.log" 2>&1
+  echo "$(date +%T) attn bench: exit $?"
+  tail -60 "$RES/attn-gluon.log"
+}
+
+ab_queue() {
+  measure_start
+  local r arm
+  for r in $(seq 1 "${1:-1}"); do
+    for arm in def gluon; do
+      local extra=(); [ "$arm" = gluon ] && extra=(--set attention.backend=gluon)
+      echo "$(date +%T) bench $arm round $r"
+      env $(caches "ab-$arm") timeout 400 python3 -m speedrun.cli bench --preset proxy212 --steps 10 --repeats 3 \
+        --data .proxy "${extra[@]}" --json "$RES/ab-$arm-$r.json" > "$RES/ab-$arm-$r.log" 2>&1
+      echo "$(date +%T) bench $arm: exit $? | $(grep -E 'ms/step|energy|GPU clock|compile' "$RES/ab-$arm-$r.log" | tr '\n' ' ')"
+    done
+  done
+}
+
+case "${1:-}" in
+  attn) shift; check_start; ( attn_queue "$@"; touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
+  ab) shift; check_start; ( ab_queue "$@"; touch "$RES/ab.done" ) > "$RES/q-ab.log" 2>&1 ;;
+  fullab) shift; restore_proxy; bytecode_on
+          ( full_arms "$@"; touch "$RES/full.done" ) > "$RES/q-full.log" 2>&1 ;;
+  wait) follow_and_collect "${2:-560}" "$RES/${3:-all}.done" "$RES/${4:-q.log}"; exit $? ;;
+  *) echo "usage: $0 attn [STAGES] | ab [ROUNDS] | wait SECONDS [DONE-NAME [LOG]]" >&2; exit 2 ;;
+esac
