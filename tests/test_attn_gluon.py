@@ -249,3 +249,14 @@ def test_op_autograd_and_fake_on_the_cpu(monkeypatch):
         assert torch.allclose(out, ref_out, atol=1e-5)
         for g, r in zip(grads, ref_grads):
             assert torch.allclose(g, r, atol=1e-4)
+
+
+def test_kernels_are_where_the_portable_cache_looks():
+    """`triton_bundle` packs the Triton cache folders of the JIT functions bound as globals of speedrun
+    modules: the three attention kernels are among them once built."""
+    A = _gluon()
+    from speedrun import triton_bundle
+
+    built = A._build()
+    found = list(triton_bundle._jit_functions())
+    assert all(any(k is f for f in found) for k in built.values())
