@@ -24,10 +24,10 @@ def _gluon():
     return A
 
 
-@pytest.mark.parametrize("which,stages", [("fwd", 2), ("fwd", 3), ("dq", 2), ("dkdv", 2)])
+@pytest.mark.parametrize("which,stages", [("fwd", 2), ("fwd", 3), ("fwd_overlap", 2), ("dq", 2), ("dkdv", 2)])
 def test_compiles_for_hopper_without_spills(which, stages):
-    """The forward at both ring depths and the two backward kernels compile for sm_90 with no local
-    memory; two stages leave room for two programs an SM (227 KB), and the products are wgmma, the loads
+    """The forward at both ring depths, its OVERLAP variant and the two backward kernels compile for sm_90
+    with no local memory; two stages leave room for two programs an SM (227 KB), and the products are wgmma, the loads
     TMA, the exponentials ex2."""
     A = _gluon()
     from speedrun.relu2_gluon import resource_usage
@@ -70,10 +70,12 @@ def _case(seed, t, device):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("seed,window,stages", [(0, 1, 2), (1, 5, 2), (2, 14, 2), (3, 7, 3), (4, 14, 3)])
-def test_gpu_matches_dense_reference_and_flex(cuda, seed, window, stages):
+@pytest.mark.parametrize("seed,window,stages,overlap", [(0, 1, 2, 0), (1, 5, 2, 0), (2, 14, 2, 0), (3, 7, 3, 0),
+                                                        (4, 14, 3, 0), (0, 1, 2, 1), (1, 5, 2, 1), (2, 14, 3, 1)])
+def test_gpu_matches_dense_reference_and_flex(cuda, seed, window, stages, overlap):
     """o and lse against the float32 dense reference (document-causal window mask) and FlexAttention's
-    forward on the same 64-token block mask: as close as FlexAttention itself is to the reference."""
+    forward on the same 64-token block mask: as close as FlexAttention itself is to the reference; the
+    OVERLAP forward too."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the kernel is for Hopper (sm_90)")
     A = _gluon()
@@ -81,7 +83,7 @@ def test_gpu_matches_dense_reference_and_flex(cuda, seed, window, stages):
     docs, q, k, v = _case(seed, t, cuda)
     w = torch.tensor(window, device=cuda, dtype=torch.int32)
     mask = flex_block_mask(block_structure(docs, 128), w, 128, 64)
-    out, lse = A.forward(q, k, v, docs, mask, scale, {"STAGES": stages})
+    out, lse = A.forward(q, k, v, docs, mask, scale, {"STAGES": stages, "OVERLAP": overlap})
     torch.cuda.synchronize()
     dense = dense_mask(docs, w, 128)
     qf, kf, vf = (x.float() for x in (q, k, v))
@@ -217,7 +219,10 @@ def test_op_autograd_and_fake_on_the_cpu(monkeypatch):
     from speedrun import attn_gluon as A
     from speedrun.attention import AttentionMasks
 
+    seen = []
+
     def fwd(q, k, v, docs, lists, scale, cfg=None):
+        seen.append(cfg)
         o, lse = A.reference(q, k, v, docs, lists, scale)
         return o.transpose(1, 2).contiguous().transpose(1, 2), lse
 
@@ -233,22 +238,25 @@ def test_op_autograd_and_fake_on_the_cpu(monkeypatch):
     w = torch.tensor(3, dtype=torch.int32)
     go = torch.randn(q.shape, generator=torch.Generator().manual_seed(0))
 
-    def run(backend, compiled):
+    def run(backend, compiled, overlap=False):
         qkv = [x.clone().requires_grad_() for x in (q, k, v)]
 
         def attend(a, b, c):
-            return AttentionMasks(docs, w, w // 2, 128, backend, None, 64).attend(a, b, c, True, 0.12)
+            masks = AttentionMasks(docs, w, w // 2, 128, backend, None, 64, gluon_overlap=overlap)
+            return masks.attend(a, b, c, True, 0.12)
 
         fn = torch.compile(attend, backend="aot_eager", fullgraph=True) if compiled else attend
         out = fn(*qkv)
         return out, torch.autograd.grad(out, qkv, go)
 
     ref_out, ref_grads = run("dense", False)
-    for compiled in (False, True):
-        out, grads = run("gluon", compiled)
+    for compiled, overlap in ((False, False), (True, False), (False, True)):
+        seen.clear()
+        out, grads = run("gluon", compiled, overlap)
         assert torch.allclose(out, ref_out, atol=1e-5)
         for g, r in zip(grads, ref_grads):
             assert torch.allclose(g, r, atol=1e-4)
+        assert seen == [{"OVERLAP": int(overlap)}]  # the option reaches the launcher
 
 
 def test_kernels_are_where_the_portable_cache_looks():

@@ -7,7 +7,8 @@ One micro-step's 49,152 tokens from the first training shard in DATA_DIR (its do
 128, q, k, v random in the model's (1, T, H, D) memory, scale 0.12. For each window of
 energy_parts.py (long W and short W // 2, W in 2, 6, 10, 14) the 64-token block mask the model builds
 (`attention.flex_block_mask`), then per kernel (FlexAttention with the model's options; the Gluon
-kernel at each ring depth in STAGES, default 2):
+kernel at each ring depth in STAGES, default 2; `gluon_ovl`
+its OVERLAP forward):
 - agreement with FlexAttention: the largest |o| and |lse| difference;
 - one call's time, joules and clock on a settled power limiter (`energy_parts.energy_of`: a second of
   warm-up, then SECONDS, default 2, between two reads of the energy counter);
@@ -73,6 +74,12 @@ def main(data_dir: str, out: str, seconds: float = 2.0, stages=(2,)) -> None:
                     res["rows"][f"{kind}_w{w}_gluon{st}_agreement"] = agree
                     print(f"{kind}_w{w} gluon STAGES={st}: {agree}", flush=True)
                     fns[f"gluon{st}"] = lambda m=mask, st=st: attn_gluon.forward(q, k, v, docs, m, SCALE, {"STAGES": st})
+                o, lse = attn_gluon.forward(q, k, v, docs, mask, SCALE, {"OVERLAP": 1})
+                agree = {"o_max_abs": (o.float() - ref.float()).abs().max().item(),
+                         "lse_max_abs": (lse - ref_lse).abs().max().item()}
+                res["rows"][f"{kind}_w{w}_gluon_overlap_agreement"] = agree
+                print(f"{kind}_w{w} gluon OVERLAP: {agree}", flush=True)
+                fns["gluon_ovl"] = lambda m=mask: attn_gluon.forward(q, k, v, docs, m, SCALE, {"OVERLAP": 1})
             qkv = [x.detach().requires_grad_() for x in (q, k, v)]
             go = torch.randn(q.shape, device=dev, generator=g).bfloat16()
             lists = attn_gluon.block_lists(mask)

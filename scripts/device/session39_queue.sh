@@ -3,9 +3,11 @@
 #   attn [STAGES]  its GPU tests [gpu-tests-attn.log]; then scripts/device/attn_gluon_bench.py on the
 #                  proxy's first training shard: agreement with FlexAttention's forward, time and energy a
 #                  call at each window [attn-gluon.json, attn-gluon.log] [all.done, q.log]
-#   ab ROUNDS  `speedrun bench` of proxy212 on the proxy's shards 1-3, the default (FlexAttention) and
-#              --set attention.backend=gluon in turns, ROUNDS rounds, each arm on its own compiler cache
-#              [ab-{def,gluon}-N.json/.log] [ab.done, q-ab.log]
+#   ab ROUNDS [ARM...]  `speedrun bench` of proxy212 on the proxy's shards 1-3, the arms in turns (AB_ARGS:
+#              def, flex, gluon, overlap; default def and gluon: in this session `def` was FlexAttention, since
+#              `auto` picks gluon on Hopper), ROUNDS rounds, each arm on its own compiler cache
+#              [ab-ARM-N.json/.log] [ab.done, q-ab.log]
+#   suite      the whole GPU suite, one pytest per file [gpu-test_*.log] [all.done, q.log]
 #   fullab ARM...  proxy212 runs one after the other, ARM "def" or "gluon" (session38_queue.sh's fullab)
 #                  [full.done, q-full.log]; a call carrying shard 4 after one that kept shards 1-3
 #   wait S [D [LOG]]  follow until $RES/D.done or S seconds; tar results into $OUT
@@ -13,7 +15,8 @@
 set -u
 source scripts/device/common.sh
 
-declare -A FULL_ARGS=([gluon]="--set attention.backend=gluon")
+declare -A FULL_ARGS=([gluon]="--set attention.backend=gluon" [flex]="--set attention.backend=flex"
+                      [overlap]="--set attention.backend=gluon --set attention.gluon_overlap=true")
 
 attn_queue() {
   gpu_tests attn 300 tests/test_attn_gluon.py
@@ -25,12 +28,17 @@ attn_queue() {
   tail -60 "$RES/attn-gluon.log"
 }
 
-ab_queue() {
+declare -A AB_ARGS=([def]="" [flex]="--set attention.backend=flex" [gluon]="--set attention.backend=gluon"
+                    [overlap]="--set attention.backend=gluon --set attention.gluon_overlap=true")
+
+ab_queue() {  # ab_queue ROUNDS [ARM...]: the arms (AB_ARGS; default: def and gluon) in turns, ROUNDS rounds
   measure_start
-  local r arm
-  for r in $(seq 1 "${1:-1}"); do
-    for arm in def gluon; do
-      local extra=(); [ "$arm" = gluon ] && extra=(--set attention.backend=gluon)
+  local r arm rounds=${1:-1}
+  shift
+  local arms=("$@"); [ ${#arms[@]} -eq 0 ] && arms=(def gluon)
+  for r in $(seq 1 "$rounds"); do
+    for arm in "${arms[@]}"; do
+      local extra=(${AB_ARGS[$arm]})
       echo "$(date +%T) bench $arm round $r"
       env $(caches "ab-$arm") timeout 400 python3 -m speedrun.cli bench --preset proxy212 --steps 10 --repeats 3 \
         --data .proxy "${extra[@]}" --json "$RES/ab-$arm-$r.json" > "$RES/ab-$arm-$r.log" 2>&1
@@ -41,9 +49,10 @@ ab_queue() {
 
 case "${1:-}" in
   attn) shift; check_start; ( attn_queue "$@"; touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
+  suite) check_start; ( suite_per_file 240; touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
   ab) shift; check_start; ( ab_queue "$@"; touch "$RES/ab.done" ) > "$RES/q-ab.log" 2>&1 ;;
   fullab) shift; restore_proxy; bytecode_on
           ( full_arms "$@"; touch "$RES/full.done" ) > "$RES/q-full.log" 2>&1 ;;
   wait) follow_and_collect "${2:-560}" "$RES/${3:-all}.done" "$RES/${4:-q.log}"; exit $? ;;
-  *) echo "usage: $0 attn [STAGES] | ab [ROUNDS] | wait SECONDS [DONE-NAME [LOG]]" >&2; exit 2 ;;
+  *) echo "usage: $0 attn [STAGES] | ab [ROUNDS [ARM...]] | suite | fullab ARM... | wait SECONDS [DONE-NAME [LOG]]" >&2; exit 2 ;;
 esac

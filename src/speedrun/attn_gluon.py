@@ -41,13 +41,15 @@ from torch import Tensor
 from speedrun import relu2_gluon
 
 BLOCK = 64  # rows of a query block and of a key block: the 64-token block mask's granularity
-CONFIG = {"STAGES": 2, "num_warps": 4}
+# STAGES: the K/V (or Q/dO) ring's depth; OVERLAP: the forward with the next tile's QKᵀ issued before this
+# tile's PV (`_attn_fwd_overlap_kernel`; compiled and tested on the CPU, not yet measured on a GPU: off)
+CONFIG = {"STAGES": 2, "num_warps": 4, "OVERLAP": 0}
 LN2 = math.log(2.0)
 
 _KERNEL = None
 gluon = gl = tma = mbarrier = fence_async_shared = warpgroup_mma = warpgroup_mma_wait = tma_load = tma_store = None
 _kv_block = _issue_kv = _tile = _ring = _load_pair = _store_tile = _visible = _dq_tile = _dkdv_tile = _load_one = _row_dot = None
-_fwd_kernel = _dq_kernel = _dkdv_kernel = None
+_fwd_kernel = _dq_kernel = _dkdv_kernel = _fwd_overlap_kernel = _scores = None
 
 
 def available() -> bool:
@@ -60,7 +62,7 @@ def _build():
     modules through this module's globals."""
     global _KERNEL, gluon, gl, tma, mbarrier, fence_async_shared, warpgroup_mma, warpgroup_mma_wait, tma_load, tma_store
     global _kv_block, _issue_kv, _tile, _ring, _load_pair, _store_tile, _visible, _dq_tile, _dkdv_tile, _load_one, _row_dot
-    global _fwd_kernel, _dq_kernel, _dkdv_kernel
+    global _fwd_kernel, _dq_kernel, _dkdv_kernel, _fwd_overlap_kernel, _scores
     if _KERNEL is not None:
         return _KERNEL
     from triton.experimental import gluon as _gluon
@@ -245,6 +247,75 @@ def _build():
         tma.store_wait(0)
 
     @gluon.jit
+    def _scores(qk, m_i, l_i, qk_scale, rows, u, n_p, row_off, kv_idx_ptr, docs_ptr, s_layout: gl.constexpr):
+        """The online softmax's step for the u-th tile of the walk (masked when it is a partial tile, u < n_p):
+        (p, m, l, alpha) from S = qk, in base 2."""
+        BN: gl.constexpr = qk.shape[1]
+        qk = qk * qk_scale
+        if u < n_p:
+            cols = gl.load(kv_idx_ptr + row_off + u) * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
+            qk = gl.where(_visible(rows, cols, docs_ptr, False), qk, -float("inf"))
+        m_new = gl.maximum(m_i, gl.max(qk, axis=1))
+        m_use = gl.where(m_new == -float("inf"), 0.0, m_new)
+        p = gl.exp2(qk - m_use[:, None])
+        alpha = gl.exp2(m_i - m_use)
+        return p, m_new, l_i * alpha + gl.sum(p, axis=1), alpha
+
+    @gluon.jit
+    def _attn_fwd_overlap_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, docs_ptr, kv_num_ptr, kv_idx_ptr,
+                                 fkv_num_ptr, fkv_idx_ptr, T, nbk, head_rows, head_cols, qk_scale,
+                                 STAGES: gl.constexpr, num_warps: gl.constexpr):
+        """The forward with the next tile's QKᵀ issued before this tile's PV, so the next tile's softmax
+        runs while PV does (FlashAttention-3's overlap within a warpgroup); one walk with a runtime mask
+        test per tile. Same results as `_attn_fwd_kernel` up to the order of nothing: the same products
+        and roundings per tile."""
+        BM: gl.constexpr = q_desc.block_type.shape[0]
+        D: gl.constexpr = q_desc.block_type.shape[1]
+        BN: gl.constexpr = k_desc.block_type.shape[0]
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                            instr_shape=[16, BN, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                            instr_shape=[16, D, 16])
+        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        pid_m = gl.program_id(0)
+        h = gl.program_id(1)
+        head_row = h * head_rows
+        col = h * head_cols
+        k_bufs, v_bufs, ready = _ring(k_desc, STAGES)
+        q_smem, q_bar = _load_one(q_desc, head_row + pid_m * BM, col)
+        n_p = gl.load(kv_num_ptr + pid_m)
+        n = n_p + gl.load(fkv_num_ptr + pid_m)
+        row_off = pid_m * nbk
+        for t in gl.static_range(STAGES):
+            _issue_kv(t, n_p, n, row_off, kv_idx_ptr, fkv_idx_ptr, k_desc, v_desc, k_bufs, v_bufs, ready, head_row, col)
+        rows = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, s_layout))
+        zero = gl.zeros([BM, BN], gl.float32, s_layout)
+        acc = gl.zeros([BM, D], gl.float32, o_layout)
+        mbarrier.wait(q_bar, 0)
+        mbarrier.wait(ready.index(0), 0)
+        qk = warpgroup_mma(q_smem, k_bufs.index(0).permute((1, 0)), zero, use_acc=False)
+        p, m_i, l_i, alpha = _scores(qk, gl.full([BM], -float("inf"), gl.float32, gl.SliceLayout(1, s_layout)),
+                                     gl.zeros([BM], gl.float32, gl.SliceLayout(1, s_layout)), qk_scale, rows, 0, n_p,
+                                     row_off, kv_idx_ptr, docs_ptr, s_layout)
+        for t in range(n - 1):
+            s1 = (t + 1) % STAGES
+            mbarrier.wait(ready.index(s1), ((t + 1) // STAGES) & 1)
+            qk = warpgroup_mma(q_smem, k_bufs.index(s1).permute((1, 0)), zero, use_acc=False, is_async=True)
+            p16 = gl.convert_layout(p.to(gl.bfloat16), a_layout)
+            acc = warpgroup_mma(p16, v_bufs.index(t % STAGES), acc, is_async=True)
+            qk = warpgroup_mma_wait(1, deps=(qk, ))  # the older group, QKᵀ of tile t + 1, is done
+            p, m_i, l_i, alpha = _scores(qk, m_i, l_i, qk_scale, rows, t + 1, n_p, row_off, kv_idx_ptr, docs_ptr,
+                                         s_layout)
+            acc, p16 = warpgroup_mma_wait(0, deps=(acc, p16))
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+            _issue_kv(t + STAGES, n_p, n, row_off, kv_idx_ptr, fkv_idx_ptr, k_desc, v_desc, k_bufs, v_bufs, ready,
+                      head_row, col)
+        acc = warpgroup_mma(gl.convert_layout(p.to(gl.bfloat16), a_layout), v_bufs.index((n - 1) % STAGES), acc)
+        o = acc / gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))[:, None]
+        _store_tile(o, q_smem, o_desc, head_row + pid_m * BM, col)
+        gl.store(lse_ptr + h * T + rows, (m_i + gl.log2(l_i)) * 0.6931471805599453)
+
+    @gluon.jit
     def _dq_tile(q_smem, do_smem, k_buf, v_buf, dq, lse2, delta, qk_scale, rows, kb, docs_ptr,
                  MASKED: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr):
         """dQ += dS K over one key tile, with P = exp2(S - lse) and dS = P (dO Vᵀ - delta) recomputed
@@ -393,7 +464,9 @@ def _build():
 
     # module globals too: `triton_bundle` finds a speedrun module's kernels there for the portable cache
     _fwd_kernel, _dq_kernel, _dkdv_kernel = _attn_fwd_kernel, _attn_dq_kernel, _attn_dkdv_kernel
-    _KERNEL = {"fwd": _attn_fwd_kernel, "dq": _attn_dq_kernel, "dkdv": _attn_dkdv_kernel}
+    _fwd_overlap_kernel = _attn_fwd_overlap_kernel
+    _KERNEL = {"fwd": _attn_fwd_kernel, "fwd_overlap": _attn_fwd_overlap_kernel, "dq": _attn_dq_kernel,
+               "dkdv": _attn_dkdv_kernel}
     return _KERNEL
 
 
@@ -467,8 +540,8 @@ def launch_forward(q: Tensor, k: Tensor, v: Tensor, docs: Tensor, lists: tuple[T
     document id per token; lists `block_lists`' eight. o is a (1, H, T, D) view of (1, T, H, D) memory,
     lse (1, H, T) float32 in natural log."""
     check_inputs(q, k, v, docs)
-    kernel = _build()["fwd"]
     cfg = config(cfg)
+    kernel = _build()["fwd_overlap" if cfg["OVERLAP"] else "fwd"]
     _, h, t, _ = q.shape
     out, lse = _like_q(q), torch.empty(1, h, t, dtype=torch.float32, device=q.device)
     descs, head_rows, head_cols = _descriptors([(q, "q"), (k, "k"), (v, "v"), (out, "out")])
@@ -566,14 +639,15 @@ def reference_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, docs: Tensor
 
 
 @torch.library.custom_op("speedrun::attn_gluon", mutates_args=())
-def attn_gluon_op(q: Tensor, k: Tensor, v: Tensor, docs: Tensor, lists: list[Tensor], scale: float
-                  ) -> tuple[Tensor, Tensor]:
-    """(o, lse) of `launch_forward`; opaque to the compiler, with a fake and an autograd formula."""
-    return launch_forward(q, k, v, docs, tuple(lists), scale)
+def attn_gluon_op(q: Tensor, k: Tensor, v: Tensor, docs: Tensor, lists: list[Tensor], scale: float,
+                  overlap: bool) -> tuple[Tensor, Tensor]:
+    """(o, lse) of `launch_forward` (overlap: CONFIG's OVERLAP); opaque to the compiler, with a fake and an
+    autograd formula."""
+    return launch_forward(q, k, v, docs, tuple(lists), scale, {"OVERLAP": int(overlap)})
 
 
 @attn_gluon_op.register_fake
-def _(q, k, v, docs, lists, scale):
+def _(q, k, v, docs, lists, scale, overlap):
     return _like_q(q), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
@@ -590,7 +664,7 @@ def _(do, q, k, v, o, lse, docs, lists, scale):
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, docs, lists, scale = inputs
+    q, k, v, docs, lists, scale, _overlap = inputs
     ctx.save_for_backward(q, k, v, output[0], output[1], docs, *lists)
     ctx.scale, ctx.num_lists = scale, len(lists)
 
@@ -598,15 +672,17 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, do, _dlse):
     q, k, v, o, lse, docs, *lists = ctx.saved_tensors
     dq, dk, dv = torch.ops.speedrun.attn_gluon_backward(do, q, k, v, o, lse, docs, lists, ctx.scale)
-    return dq, dk, dv, None, [None] * ctx.num_lists, None
+    return dq, dk, dv, None, [None] * ctx.num_lists, None, None
 
 
 attn_gluon_op.register_autograd(_backward, setup_context=_setup_context)
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, docs: Tensor, lists: tuple[Tensor, ...], scale: float) -> Tensor:
-    """The record's attention output (1, H, T, D) through the Gluon kernels, differentiable in q, k, v."""
-    return torch.ops.speedrun.attn_gluon(q, k, v, docs, list(lists), scale)[0]
+def attention(q: Tensor, k: Tensor, v: Tensor, docs: Tensor, lists: tuple[Tensor, ...], scale: float,
+              overlap: bool = False) -> Tensor:
+    """The record's attention output (1, H, T, D) through the Gluon kernels, differentiable in q, k, v;
+    overlap: the forward's OVERLAP variant."""
+    return torch.ops.speedrun.attn_gluon(q, k, v, docs, list(lists), scale, overlap)[0]
 
 
 # --------------------------------------------------------------------------- offline compile (no GPU)

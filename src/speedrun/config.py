@@ -161,6 +161,9 @@ class AttentionConfig:
     # attention.py); every *_BLOCK_* tile in flex_options must then divide it. 64: 11-25% fewer tiles
     # visited and about half the masked ones on FineWeb's documents (docs/performance.md).
     sparse_block: int = 64
+    # With backend gluon: the forward that issues the next tile's QKᵀ before this tile's PV (attn_gluon's
+    # OVERLAP). The same products and roundings; compiled and tested on the CPU, not yet measured on a GPU.
+    gluon_overlap: bool = False
     # How the block mask's lists are ordered (block_order.py): "torch" (a stable argsort per list, eight
     # radix sorts a micro-step) | "triton" (one prefix-sum kernel per list, as a custom op) | "auto"
     # (triton on CUDA when installed). The same lists, bit for bit.

@@ -351,7 +351,8 @@ class GPT(nn.Module):
             docs = docs + torch.arange(tokens.numel(), device=tokens.device) // seg * (tokens.numel() + 1)
         long, short = self.window_pair(long_blocks)
         return AttentionMasks(docs, long, short, self.attn_cfg.block_size, self.attention_backend,
-                              self.flex_options, self.attn_cfg.sparse_block or None, self.attn_cfg.order_kernel)
+                              self.flex_options, self.attn_cfg.sparse_block or None, self.attn_cfg.order_kernel,
+                              self.attn_cfg.gluon_overlap)
 
     def positions(self, num_tokens: int, device, offset: int = 0) -> Tensor:
         pos = torch.arange(offset, offset + num_tokens, device=device)
