@@ -49,7 +49,7 @@ LN2 = math.log(2.0)
 _KERNEL = None
 gluon = gl = tma = mbarrier = fence_async_shared = warpgroup_mma = warpgroup_mma_wait = tma_load = tma_store = None
 _kv_block = _issue_kv = _tile = _ring = _load_pair = _store_tile = _visible = _dq_tile = _dkdv_tile = _load_one = _row_dot = None
-_fwd_kernel = _dq_kernel = _dkdv_kernel = _fwd_overlap_kernel = _scores = None
+_fwd_kernel = _dq_kernel = _dkdv_kernel = _fwd_overlap_kernel = _scores = _walk_start = _wait_slot = None
 
 
 def available() -> bool:
@@ -62,7 +62,7 @@ def _build():
     modules through this module's globals."""
     global _KERNEL, gluon, gl, tma, mbarrier, fence_async_shared, warpgroup_mma, warpgroup_mma_wait, tma_load, tma_store
     global _kv_block, _issue_kv, _tile, _ring, _load_pair, _store_tile, _visible, _dq_tile, _dkdv_tile, _load_one, _row_dot
-    global _fwd_kernel, _dq_kernel, _dkdv_kernel, _fwd_overlap_kernel, _scores
+    global _fwd_kernel, _dq_kernel, _dkdv_kernel, _fwd_overlap_kernel, _scores, _walk_start, _wait_slot
     if _KERNEL is not None:
         return _KERNEL
     from triton.experimental import gluon as _gluon
@@ -97,6 +97,27 @@ def _build():
         mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes, pred=live)
         tma_load(a_desc, [head_row + kb * BN, col], bar, a_bufs.index(s), pred=live)
         tma_load(b_desc, [head_row + kb * BN, col], bar, b_bufs.index(s), pred=live)
+
+    @gluon.jit
+    def _walk_start(blk, nb, num_ptr, idx_ptr, fnum_ptr, fidx_ptr, a_desc, b_desc, a_bufs, b_bufs, ready, head_row,
+                    col):
+        """Block blk's walk: (n_p partial tiles, n in all, its lists' row offset), with the loads of its first
+        STAGES tiles issued."""
+        STAGES: gl.constexpr = a_bufs.shape[0]
+        n_p = gl.load(num_ptr + blk)
+        n = n_p + gl.load(fnum_ptr + blk)
+        row_off = blk * nb
+        for t in gl.static_range(STAGES):
+            _issue_kv(t, n_p, n, row_off, idx_ptr, fidx_ptr, a_desc, b_desc, a_bufs, b_bufs, ready, head_row, col)
+        return n_p, n, row_off
+
+    @gluon.jit
+    def _wait_slot(ready, t):
+        """The ring slot of the walk's t-th tile, once its loads have landed."""
+        STAGES: gl.constexpr = ready.shape[0]
+        s = t % STAGES
+        mbarrier.wait(ready.index(s), (t // STAGES) & 1)
+        return s
 
     @gluon.jit
     def _ring(a_desc, STAGES: gl.constexpr):
@@ -211,11 +232,8 @@ def _build():
         fence_async_shared()
         mbarrier.expect(q_bar, q_desc.block_type.nbytes)
         tma_load(q_desc, [head_row + pid_m * BM, col], q_bar, q_smem)
-        n_p = gl.load(kv_num_ptr + pid_m)
-        n = n_p + gl.load(fkv_num_ptr + pid_m)
-        row_off = pid_m * nbk
-        for t in gl.static_range(STAGES):
-            _issue_kv(t, n_p, n, row_off, kv_idx_ptr, fkv_idx_ptr, k_desc, v_desc, k_bufs, v_bufs, ready, head_row, col)
+        n_p, n, row_off = _walk_start(pid_m, nbk, kv_num_ptr, kv_idx_ptr, fkv_num_ptr, fkv_idx_ptr, k_desc, v_desc,
+                                      k_bufs, v_bufs, ready, head_row, col)
 
         rows = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, s_layout))
         doc_q = gl.load(docs_ptr + rows)
@@ -225,15 +243,13 @@ def _build():
         mbarrier.wait(q_bar, 0)
         for t in range(n_p):
             kb = gl.load(kv_idx_ptr + row_off + t)
-            s = t % STAGES
-            mbarrier.wait(ready.index(s), (t // STAGES) & 1)
+            s = _wait_slot(ready, t)
             m_i, l_i, acc = _tile(q_smem, k_bufs.index(s), v_bufs.index(s), m_i, l_i, acc, qk_scale, rows, doc_q,
                                   kb, docs_ptr, True, s_layout, o_layout)
             _issue_kv(t + STAGES, n_p, n, row_off, kv_idx_ptr, fkv_idx_ptr, k_desc, v_desc, k_bufs, v_bufs, ready,
                       head_row, col)
         for t in range(n_p, n):
-            s = t % STAGES
-            mbarrier.wait(ready.index(s), (t // STAGES) & 1)
+            s = _wait_slot(ready, t)
             m_i, l_i, acc = _tile(q_smem, k_bufs.index(s), v_bufs.index(s), m_i, l_i, acc, qk_scale, rows, doc_q,
                                   0, docs_ptr, False, s_layout, o_layout)
             _issue_kv(t + STAGES, n_p, n, row_off, kv_idx_ptr, fkv_idx_ptr, k_desc, v_desc, k_bufs, v_bufs, ready,
@@ -283,11 +299,8 @@ def _build():
         col = h * head_cols
         k_bufs, v_bufs, ready = _ring(k_desc, STAGES)
         q_smem, q_bar = _load_one(q_desc, head_row + pid_m * BM, col)
-        n_p = gl.load(kv_num_ptr + pid_m)
-        n = n_p + gl.load(fkv_num_ptr + pid_m)
-        row_off = pid_m * nbk
-        for t in gl.static_range(STAGES):
-            _issue_kv(t, n_p, n, row_off, kv_idx_ptr, fkv_idx_ptr, k_desc, v_desc, k_bufs, v_bufs, ready, head_row, col)
+        n_p, n, row_off = _walk_start(pid_m, nbk, kv_num_ptr, kv_idx_ptr, fkv_num_ptr, fkv_idx_ptr, k_desc, v_desc,
+                                      k_bufs, v_bufs, ready, head_row, col)
         rows = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, s_layout))
         zero = gl.zeros([BM, BN], gl.float32, s_layout)
         acc = gl.zeros([BM, D], gl.float32, o_layout)
@@ -358,11 +371,8 @@ def _build():
         k_bufs, v_bufs, ready = _ring(k_desc, STAGES)
         q_smem, do_smem, q_bar = _load_pair(q_desc, do_desc, head_row + pid_m * BM, col)
         o_smem, o_bar = _load_one(o_desc, head_row + pid_m * BM, col)
-        n_p = gl.load(kv_num_ptr + pid_m)
-        n = n_p + gl.load(fkv_num_ptr + pid_m)
-        row_off = pid_m * nbk
-        for t in gl.static_range(STAGES):
-            _issue_kv(t, n_p, n, row_off, kv_idx_ptr, fkv_idx_ptr, k_desc, v_desc, k_bufs, v_bufs, ready, head_row, col)
+        n_p, n, row_off = _walk_start(pid_m, nbk, kv_num_ptr, kv_idx_ptr, fkv_num_ptr, fkv_idx_ptr, k_desc, v_desc,
+                                      k_bufs, v_bufs, ready, head_row, col)
         rows = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, s_layout))
         lse2 = gl.load(lse_ptr + h * T + rows) * 1.4426950408889634
         mbarrier.wait(q_bar, 0)
@@ -372,15 +382,13 @@ def _build():
         dq = gl.zeros([BM, D], gl.float32, o_layout)
         for t in range(n_p):
             kb = gl.load(kv_idx_ptr + row_off + t)
-            s = t % STAGES
-            mbarrier.wait(ready.index(s), (t // STAGES) & 1)
+            s = _wait_slot(ready, t)
             dq = _dq_tile(q_smem, do_smem, k_bufs.index(s), v_bufs.index(s), dq, lse2, delta, qk_scale, rows, kb,
                           docs_ptr, True, s_layout, o_layout)
             _issue_kv(t + STAGES, n_p, n, row_off, kv_idx_ptr, fkv_idx_ptr, k_desc, v_desc, k_bufs, v_bufs, ready,
                       head_row, col)
         for t in range(n_p, n):
-            s = t % STAGES
-            mbarrier.wait(ready.index(s), (t // STAGES) & 1)
+            s = _wait_slot(ready, t)
             dq = _dq_tile(q_smem, do_smem, k_bufs.index(s), v_bufs.index(s), dq, lse2, delta, qk_scale, rows, 0,
                           docs_ptr, False, s_layout, o_layout)
             _issue_kv(t + STAGES, n_p, n, row_off, kv_idx_ptr, fkv_idx_ptr, k_desc, v_desc, k_bufs, v_bufs, ready,
@@ -434,27 +442,22 @@ def _build():
         col = h * head_cols
         q_bufs, do_bufs, ready = _ring(q_desc, STAGES)
         k_smem, v_smem, kv_bar = _load_pair(k_desc, v_desc, head_row + pid_n * BN, col)
-        n_p = gl.load(q_num_ptr + pid_n)
-        n = n_p + gl.load(fq_num_ptr + pid_n)
-        row_off = pid_n * nbq
-        for t in gl.static_range(STAGES):
-            _issue_kv(t, n_p, n, row_off, q_idx_ptr, fq_idx_ptr, q_desc, do_desc, q_bufs, do_bufs, ready, head_row, col)
+        n_p, n, row_off = _walk_start(pid_n, nbq, q_num_ptr, q_idx_ptr, fq_num_ptr, fq_idx_ptr, q_desc, do_desc,
+                                      q_bufs, do_bufs, ready, head_row, col)
         rows = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, s_layout))
         dk = gl.zeros([BN, D], gl.float32, o_layout)
         dv = gl.zeros([BN, D], gl.float32, o_layout)
         mbarrier.wait(kv_bar, 0)
         for t in range(n_p):
             qb = gl.load(q_idx_ptr + row_off + t)
-            s = t % STAGES
-            mbarrier.wait(ready.index(s), (t // STAGES) & 1)
+            s = _wait_slot(ready, t)
             dk, dv = _dkdv_tile(k_smem, v_smem, q_bufs.index(s), do_bufs.index(s), dk, dv, qk_scale, rows, qb,
                                 lse_ptr, delta_ptr, docs_ptr, h * T, True, s_layout, o_layout)
             _issue_kv(t + STAGES, n_p, n, row_off, q_idx_ptr, fq_idx_ptr, q_desc, do_desc, q_bufs, do_bufs, ready,
                       head_row, col)
         for t in range(n_p, n):
             qb = gl.load(fq_idx_ptr + row_off + (t - n_p))
-            s = t % STAGES
-            mbarrier.wait(ready.index(s), (t // STAGES) & 1)
+            s = _wait_slot(ready, t)
             dk, dv = _dkdv_tile(k_smem, v_smem, q_bufs.index(s), do_bufs.index(s), dk, dv, qk_scale, rows, qb,
                                 lse_ptr, delta_ptr, docs_ptr, h * T, False, s_layout, o_layout)
             _issue_kv(t + STAGES, n_p, n, row_off, q_idx_ptr, fq_idx_ptr, q_desc, do_desc, q_bufs, do_bufs, ready,
