@@ -49,7 +49,7 @@ LN2 = math.log(2.0)
 _KERNEL = None
 gluon = gl = tma = mbarrier = fence_async_shared = warpgroup_mma = warpgroup_mma_wait = tma_load = tma_store = None
 _kv_block = _issue_kv = _tile = _ring = _load_pair = _store_tile = _visible = _dq_tile = _dkdv_tile = _load_one = _row_dot = None
-_fwd_kernel = _dq_kernel = _dkdv_kernel = _fwd_overlap_kernel = _scores = _walk_start = _wait_slot = None
+_fwd_kernel = _dq_kernel = _dkdv_kernel = _fwd_overlap_kernel = _scores = _walk_start = _wait_slot = _program = None
 
 
 def available() -> bool:
@@ -62,7 +62,7 @@ def _build():
     modules through this module's globals."""
     global _KERNEL, gluon, gl, tma, mbarrier, fence_async_shared, warpgroup_mma, warpgroup_mma_wait, tma_load, tma_store
     global _kv_block, _issue_kv, _tile, _ring, _load_pair, _store_tile, _visible, _dq_tile, _dkdv_tile, _load_one, _row_dot
-    global _fwd_kernel, _dq_kernel, _dkdv_kernel, _fwd_overlap_kernel, _scores, _walk_start, _wait_slot
+    global _fwd_kernel, _dq_kernel, _dkdv_kernel, _fwd_overlap_kernel, _scores, _walk_start, _wait_slot, _program
     if _KERNEL is not None:
         return _KERNEL
     from triton.experimental import gluon as _gluon
@@ -110,6 +110,14 @@ def _build():
         for t in gl.static_range(STAGES):
             _issue_kv(t, n_p, n, row_off, idx_ptr, fidx_ptr, a_desc, b_desc, a_bufs, b_bufs, ready, head_row, col)
         return n_p, n, row_off
+
+    @gluon.jit
+    def _program(head_rows, head_cols):
+        """This program's block (program_id 0) and head (program_id 1), and the head's first row and column
+        in the rows views (module docstring)."""
+        blk = gl.program_id(0)
+        h = gl.program_id(1)
+        return blk, h, h * head_rows, h * head_cols
 
     @gluon.jit
     def _wait_slot(ready, t):
@@ -217,10 +225,7 @@ def _build():
                                                             instr_shape=[16, BN, 16])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                             instr_shape=[16, D, 16])
-        pid_m = gl.program_id(0)
-        h = gl.program_id(1)
-        head_row = h * head_rows
-        col = h * head_cols
+        pid_m, h, head_row, col = _program(head_rows, head_cols)
         q_smem = gl.allocate_shared_memory(gl.bfloat16, [BM, D], q_desc.layout)
         k_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, D], k_desc.layout)
         v_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, D], v_desc.layout)
@@ -293,10 +298,7 @@ def _build():
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                             instr_shape=[16, D, 16])
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-        pid_m = gl.program_id(0)
-        h = gl.program_id(1)
-        head_row = h * head_rows
-        col = h * head_cols
+        pid_m, h, head_row, col = _program(head_rows, head_cols)
         k_bufs, v_bufs, ready = _ring(k_desc, STAGES)
         q_smem, q_bar = _load_one(q_desc, head_row + pid_m * BM, col)
         n_p, n, row_off = _walk_start(pid_m, nbk, kv_num_ptr, kv_idx_ptr, fkv_num_ptr, fkv_idx_ptr, k_desc, v_desc,
@@ -364,10 +366,7 @@ def _build():
                                                             instr_shape=[16, BN, 16])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                             instr_shape=[16, D, 16])
-        pid_m = gl.program_id(0)
-        h = gl.program_id(1)
-        head_row = h * head_rows
-        col = h * head_cols
+        pid_m, h, head_row, col = _program(head_rows, head_cols)
         k_bufs, v_bufs, ready = _ring(k_desc, STAGES)
         q_smem, do_smem, q_bar = _load_pair(q_desc, do_desc, head_row + pid_m * BM, col)
         o_smem, o_bar = _load_one(o_desc, head_row + pid_m * BM, col)
@@ -436,10 +435,7 @@ def _build():
                                                             instr_shape=[16, BM, 16])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                             instr_shape=[16, D, 16])
-        pid_n = gl.program_id(0)
-        h = gl.program_id(1)
-        head_row = h * head_rows
-        col = h * head_cols
+        pid_n, h, head_row, col = _program(head_rows, head_cols)
         q_bufs, do_bufs, ready = _ring(q_desc, STAGES)
         k_smem, v_smem, kv_bar = _load_pair(k_desc, v_desc, head_row + pid_n * BN, col)
         n_p, n, row_off = _walk_start(pid_n, nbq, q_num_ptr, q_idx_ptr, fq_num_ptr, fq_idx_ptr, q_desc, do_desc,
