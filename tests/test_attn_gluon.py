@@ -24,15 +24,17 @@ def _gluon():
     return A
 
 
-@pytest.mark.parametrize("which,stages", [("fwd", 2), ("fwd", 3), ("fwd_overlap", 2), ("dq", 2), ("dkdv", 2)])
-def test_compiles_for_hopper_without_spills(which, stages):
-    """The forward at both ring depths, its OVERLAP variant and the two backward kernels compile for sm_90
+@pytest.mark.parametrize("which,stages,q_reg", [("fwd", 2, 0), ("fwd", 3, 0), ("fwd", 2, 1), ("fwd_overlap", 2, 0),
+                                               ("dq", 2, 0), ("dkdv", 2, 0)])
+def test_compiles_for_hopper_without_spills(which, stages, q_reg):
+    """The forward at both ring depths, with Q in registers (Q_REG), its OVERLAP variant and the two backward
+    kernels compile for sm_90
     with no local memory; two stages leave room for two programs an SM (227 KB), and the products are wgmma, the loads
     TMA, the exponentials ex2."""
     A = _gluon()
     from speedrun.relu2_gluon import resource_usage
 
-    kernel = A.compile_offline(which, {"STAGES": stages})
+    kernel = A.compile_offline(which, {"STAGES": stages, "Q_REG": q_reg})
     usage = resource_usage(kernel.asm["cubin"])
     assert usage.get("LOCAL", 0) == 0 and usage.get("STACK", 0) == 0, usage
     assert kernel.metadata.shared <= (113 if stages == 2 else 227) * 1024, kernel.metadata.shared
@@ -70,12 +72,13 @@ def _case(seed, t, device):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("seed,window,stages,overlap", [(0, 1, 2, 0), (1, 5, 2, 0), (2, 14, 2, 0), (3, 7, 3, 0),
-                                                        (4, 14, 3, 0), (0, 1, 2, 1), (1, 5, 2, 1), (2, 14, 3, 1)])
-def test_gpu_matches_dense_reference_and_flex(cuda, seed, window, stages, overlap):
+@pytest.mark.parametrize("seed,window,stages,overlap,q_reg", [
+    (0, 1, 2, 0, 0), (1, 5, 2, 0, 0), (2, 14, 2, 0, 0), (3, 7, 3, 0, 0), (4, 14, 3, 0, 0), (0, 1, 2, 1, 0),
+    (1, 5, 2, 1, 0), (2, 14, 3, 1, 0), (0, 1, 2, 0, 1), (2, 14, 2, 0, 1), (1, 5, 2, 1, 1)])
+def test_gpu_matches_dense_reference_and_flex(cuda, seed, window, stages, overlap, q_reg):
     """o and lse against the float32 dense reference (document-causal window mask) and FlexAttention's
     forward on the same 64-token block mask: as close as FlexAttention itself is to the reference; the
-    OVERLAP forward too."""
+    OVERLAP and Q_REG forwards too."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the kernel is for Hopper (sm_90)")
     A = _gluon()
@@ -83,7 +86,7 @@ def test_gpu_matches_dense_reference_and_flex(cuda, seed, window, stages, overla
     docs, q, k, v = _case(seed, t, cuda)
     w = torch.tensor(window, device=cuda, dtype=torch.int32)
     mask = flex_block_mask(block_structure(docs, 128), w, 128, 64)
-    out, lse = A.forward(q, k, v, docs, mask, scale, {"STAGES": stages, "OVERLAP": overlap})
+    out, lse = A.forward(q, k, v, docs, mask, scale, {"STAGES": stages, "OVERLAP": overlap, "Q_REG": q_reg})
     torch.cuda.synchronize()
     dense = dense_mask(docs, w, 128)
     qf, kf, vf = (x.float() for x in (q, k, v))
@@ -238,11 +241,12 @@ def test_op_autograd_and_fake_on_the_cpu(monkeypatch):
     w = torch.tensor(3, dtype=torch.int32)
     go = torch.randn(q.shape, generator=torch.Generator().manual_seed(0))
 
-    def run(backend, compiled, overlap=False):
+    def run(backend, compiled, overlap=False, q_regs=False):
         qkv = [x.clone().requires_grad_() for x in (q, k, v)]
 
         def attend(a, b, c):
-            masks = AttentionMasks(docs, w, w // 2, 128, backend, None, 64, gluon_overlap=overlap)
+            masks = AttentionMasks(docs, w, w // 2, 128, backend, None, 64, gluon_overlap=overlap,
+                                   gluon_q_regs=q_regs)
             return masks.attend(a, b, c, True, 0.12)
 
         fn = torch.compile(attend, backend="aot_eager", fullgraph=True) if compiled else attend
@@ -250,13 +254,14 @@ def test_op_autograd_and_fake_on_the_cpu(monkeypatch):
         return out, torch.autograd.grad(out, qkv, go)
 
     ref_out, ref_grads = run("dense", False)
-    for compiled, overlap in ((False, False), (True, False), (False, True)):
+    for compiled, overlap, q_regs in ((False, False, False), (True, False, False), (False, True, False),
+                                      (True, False, True)):
         seen.clear()
-        out, grads = run("gluon", compiled, overlap)
+        out, grads = run("gluon", compiled, overlap, q_regs)
         assert torch.allclose(out, ref_out, atol=1e-5)
         for g, r in zip(grads, ref_grads):
             assert torch.allclose(g, r, atol=1e-4)
-        assert seen == [{"OVERLAP": int(overlap)}]  # the option reaches the launcher
+        assert seen == [{"OVERLAP": int(overlap), "Q_REG": int(q_regs)}]  # the options reach the launcher
 
 
 def test_kernels_are_where_the_portable_cache_looks():

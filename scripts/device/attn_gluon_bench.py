@@ -8,14 +8,17 @@ One micro-step's 49,152 tokens from the first training shard in DATA_DIR (its do
 energy_parts.py (long W and short W // 2, W in 2, 6, 10, 14) the 64-token block mask the model builds
 (`attention.flex_block_mask`), then per kernel (FlexAttention with the model's options; the Gluon
 kernel at each ring depth in STAGES, default 2; `gluon_ovl`
-its OVERLAP forward):
+its OVERLAP forward; `gluon_qreg` its Q_REG forward, Q in registers):
 - agreement with FlexAttention: the largest |o| and |lse| difference;
 - one call's time, joules and clock on a settled power limiter (`energy_parts.energy_of`: a second of
   warm-up, then SECONDS, default 2, between two reads of the energy counter);
 - TFLOP/s and J per TFLOP of the tiles the mask visits (4 x 64 x 64 x 128 FLOP a tile and head; x 3.5
   forward + backward, energy_parts.py's count);
 - forward + backward (`flex_fb`, `gluon_fb`: FlexAttention's autograd against `attn_gluon.attention`'s),
-  with the gradients' agreement (relative norm of the difference, per q, k, v).
+  with the gradients' agreement (relative norm of the difference, per q, k, v);
+- `*_g` rows (fortieth session): flex, gluon2, gluon_qreg and gluon_bwd again, GRAPH_CALLS calls captured
+  in one CUDA graph and replayed, so the host's launch cost (150-450 µs of Python a Gluon call, about the
+  GPU's time at the short windows) does not hold the loop back: the kernels' own time and energy a call.
 Writes OUT.json after every row.
 """
 
@@ -37,6 +40,28 @@ from speedrun.config import AttentionConfig, parse_flex_options  # noqa: E402
 from speedrun.shards import read_shard  # noqa: E402
 
 T, H, D, SCALE = 49_152, 6, 128, 0.12
+GRAPH_CALLS = 8
+
+
+def graphed(fn, calls: int = GRAPH_CALLS):
+    """fn run `calls` times inside one CUDA graph (after one run outside it, on a side stream, as capture
+    wants): the graph's replay, to be timed as `calls` calls."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    return graph.replay
+
+
+def flop_factor(name: str) -> float:
+    """A row's FLOP against the forward's: forward + backward 3.5, the backward alone 2.5."""
+    base = name.removesuffix("_g")
+    return 3.5 if base.endswith("_fb") else 2.5 if base.endswith("bwd") else 1.0
 
 
 def main(data_dir: str, out: str, seconds: float = 2.0, stages=(2,)) -> None:
@@ -74,12 +99,13 @@ def main(data_dir: str, out: str, seconds: float = 2.0, stages=(2,)) -> None:
                     res["rows"][f"{kind}_w{w}_gluon{st}_agreement"] = agree
                     print(f"{kind}_w{w} gluon STAGES={st}: {agree}", flush=True)
                     fns[f"gluon{st}"] = lambda m=mask, st=st: attn_gluon.forward(q, k, v, docs, m, SCALE, {"STAGES": st})
-                o, lse = attn_gluon.forward(q, k, v, docs, mask, SCALE, {"OVERLAP": 1})
-                agree = {"o_max_abs": (o.float() - ref.float()).abs().max().item(),
-                         "lse_max_abs": (lse - ref_lse).abs().max().item()}
-                res["rows"][f"{kind}_w{w}_gluon_overlap_agreement"] = agree
-                print(f"{kind}_w{w} gluon OVERLAP: {agree}", flush=True)
-                fns["gluon_ovl"] = lambda m=mask: attn_gluon.forward(q, k, v, docs, m, SCALE, {"OVERLAP": 1})
+                for name, opt in (("gluon_ovl", {"OVERLAP": 1}), ("gluon_qreg", {"Q_REG": 1})):
+                    o, lse = attn_gluon.forward(q, k, v, docs, mask, SCALE, opt)
+                    agree = {"o_max_abs": (o.float() - ref.float()).abs().max().item(),
+                             "lse_max_abs": (lse - ref_lse).abs().max().item()}
+                    res["rows"][f"{kind}_w{w}_{name}_agreement"] = agree
+                    print(f"{kind}_w{w} {name} {opt}: {agree}", flush=True)
+                    fns[name] = lambda m=mask, opt=opt: attn_gluon.forward(q, k, v, docs, m, SCALE, opt)
             qkv = [x.detach().requires_grad_() for x in (q, k, v)]
             go = torch.randn(q.shape, device=dev, generator=g).bfloat16()
             lists = attn_gluon.block_lists(mask)
@@ -102,9 +128,17 @@ def main(data_dir: str, out: str, seconds: float = 2.0, stages=(2,)) -> None:
                 host_us = (time.perf_counter() - t0) / 10 * 1e6
                 res["rows"][f"{kind}_w{w}_{name}_host_us"] = host_us
                 print(f"{kind}_w{w} {name}: host {host_us:.1f} us a call", flush=True)
+            for name in ("flex", "gluon2", "gluon_qreg", "gluon_bwd"):
+                try:
+                    fns[f"{name}_g"] = graphed(fns[name])
+                except Exception as e:  # a row lost, not the bench
+                    print(f"{kind}_w{w} {name}: no CUDA graph: {type(e).__name__}: {e}", flush=True)
             for name, fn in fns.items():
                 r = energy_of(fn, counter, uuid, seconds)
-                tflop_ = tflop * {"_fb": 3.5, "bwd": 2.5}.get(name[-3:], 1.0)
+                if name.endswith("_g"):  # one replay is GRAPH_CALLS calls
+                    r.update(us=r["us"] / GRAPH_CALLS, j=None if r["j"] is None else r["j"] / GRAPH_CALLS,
+                             calls=r["calls"] * GRAPH_CALLS)
+                tflop_ = tflop * flop_factor(name)
                 r.update(tflop=tflop_, tflops=tflop_ / r["us"] * 1e6, j_per_tflop=r["j"] / tflop_ if r["j"] else None)
                 res["rows"][f"{kind}_w{w}_{name}"] = r
                 print(f"{kind}_w{w:<3d} {name:8s} {r['us']:8.1f} us {r['tflops']:6.1f} TFLOP/s "

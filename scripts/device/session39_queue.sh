@@ -4,11 +4,14 @@
 #                  proxy's first training shard: agreement with FlexAttention's forward, time and energy a
 #                  call at each window [attn-gluon.json, attn-gluon.log] [all.done, q.log]
 #   ab ROUNDS [ARM...]  `speedrun bench` of proxy212 on the proxy's shards 1-3, the arms in turns (AB_ARGS:
-#              def, flex, gluon, overlap; default def and gluon: in this session `def` was FlexAttention, since
-#              `auto` picks gluon on Hopper), ROUNDS rounds, each arm on its own compiler cache
+#              def, flex, gluon, overlap, graphs (train.cudagraphs), qreg (attention.gluon_q_regs); default
+#              def and gluon: in the thirty-ninth session `def` was FlexAttention, since then `auto` picks
+#              gluon on Hopper), ROUNDS rounds, each arm on its own compiler cache
 #              [ab-ARM-N.json/.log] [ab.done, q-ab.log]
 #   suite      the whole GPU suite, one pytest per file [gpu-test_*.log] [all.done, q.log]
-#   fullab ARM...  proxy212 runs one after the other, ARM "def" or "gluon" (session38_queue.sh's fullab)
+#   files F... (fortieth session) those test files' GPU tests, one pytest per file, then the attn bench as
+#              `attn` runs it [gpu-test_*.log, attn-gluon.*] [all.done, q.log]
+#   fullab ARM...  proxy212 runs one after the other, ARM def or one of FULL_ARGS (session38_queue.sh's fullab)
 #                  [full.done, q-full.log]; a call carrying shard 4 after one that kept shards 1-3
 #   wait S [D [LOG]]  follow until $RES/D.done or S seconds; tar results into $OUT
 # Carry [".proxy"] (shards 1-3 and val).
@@ -16,7 +19,9 @@ set -u
 source scripts/device/common.sh
 
 declare -A FULL_ARGS=([gluon]="--set attention.backend=gluon" [flex]="--set attention.backend=flex"
-                      [overlap]="--set attention.backend=gluon --set attention.gluon_overlap=true")
+                      [overlap]="--set attention.backend=gluon --set attention.gluon_overlap=true"
+                      [graphs]="--set train.cudagraphs=true"
+                      [qreg]="--set attention.backend=gluon --set attention.gluon_q_regs=true")
 
 attn_queue() {
   gpu_tests attn 300 tests/test_attn_gluon.py
@@ -29,7 +34,9 @@ attn_queue() {
 }
 
 declare -A AB_ARGS=([def]="" [flex]="--set attention.backend=flex" [gluon]="--set attention.backend=gluon"
-                    [overlap]="--set attention.backend=gluon --set attention.gluon_overlap=true")
+                    [overlap]="--set attention.backend=gluon --set attention.gluon_overlap=true"
+                    [graphs]="--set train.cudagraphs=true"
+                    [qreg]="--set attention.backend=gluon --set attention.gluon_q_regs=true")
 
 ab_queue() {  # ab_queue ROUNDS [ARM...]: the arms (AB_ARGS; default: def and gluon) in turns, ROUNDS rounds
   measure_start
@@ -47,12 +54,26 @@ ab_queue() {  # ab_queue ROUNDS [ARM...]: the arms (AB_ARGS; default: def and gl
   done
 }
 
+files_queue() {  # files_queue FILE...: each file's GPU tests, one pytest per file (at most 240 s each)
+  local f rc
+  for f in "$@"; do
+    env -u PYTHONPYCACHEPREFIX timeout 240 python3 -m pytest -m gpu -q -p no:cacheprovider "$f" \
+      > "$RES/gpu-$(basename "$f" .py).log" 2>&1; rc=$?
+    echo "$(date +%T) $f: exit $rc | $(tail -1 "$RES/gpu-$(basename "$f" .py).log")"
+  done
+}
+
 case "${1:-}" in
+  files) shift; check_start; ( files_queue "$@"; measure_start
+         PYTHONPATH=src timeout 280 python3 scripts/device/attn_gluon_bench.py .proxy "$RES/attn-gluon.json" 1.5 2 \
+           > "$RES/attn-gluon.log" 2>&1
+         echo "$(date +%T) attn bench: exit $?"; grep -E "gluon2 |qreg|flex  " "$RES/attn-gluon.log"
+         touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
   attn) shift; check_start; ( attn_queue "$@"; touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
   suite) check_start; ( suite_per_file 240; touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
   ab) shift; check_start; ( ab_queue "$@"; touch "$RES/ab.done" ) > "$RES/q-ab.log" 2>&1 ;;
   fullab) shift; restore_proxy; bytecode_on
           ( full_arms "$@"; touch "$RES/full.done" ) > "$RES/q-full.log" 2>&1 ;;
   wait) follow_and_collect "${2:-560}" "$RES/${3:-all}.done" "$RES/${4:-q.log}"; exit $? ;;
-  *) echo "usage: $0 attn [STAGES] | ab [ROUNDS [ARM...]] | suite | fullab ARM... | wait SECONDS [DONE-NAME [LOG]]" >&2; exit 2 ;;
+  *) echo "usage: $0 attn [STAGES] | ab [ROUNDS [ARM...]] | suite | files FILE... | fullab ARM... | wait SECONDS [DONE-NAME [LOG]]" >&2; exit 2 ;;
 esac

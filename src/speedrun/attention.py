@@ -231,9 +231,9 @@ class AttentionMasks:
 
     def __init__(self, docs: Tensor, long_blocks: Tensor, short_blocks: Tensor, block_size: int, backend: str,
                  flex_options: dict | None = None, sparse_block: int | None = None, order_kernel: str = "auto",
-                 gluon_overlap: bool = False):
+                 gluon_overlap: bool = False, gluon_q_regs: bool = False):
         self.backend = backend
-        self.gluon_overlap = gluon_overlap
+        self.gluon_overlap, self.gluon_q_regs = gluon_overlap, gluon_q_regs
         self.flex_options = dict(flex_options) if flex_options else None
         if backend in ("flex", "gluon"):
             s = block_structure(docs, block_size)
@@ -251,7 +251,7 @@ class AttentionMasks:
         if self.backend == "flex":
             return flex_attention(q, k, v, mask, scale, self.flex_options)
         if self.backend == "gluon":
-            return attn_gluon.attention(q, k, v, self.docs, mask, scale, self.gluon_overlap)
+            return attn_gluon.attention(q, k, v, self.docs, mask, scale, self.gluon_overlap, self.gluon_q_regs)
         return dense_attention(q, k, v, mask, scale)
 
 

@@ -1,28 +1,31 @@
-"""The record's attention forward as a Hopper kernel of its own in Gluon, on FlexAttention's block lists.
+"""The record's attention, forward and backward, as Hopper kernels of its own in Gluon, on FlexAttention's
+block lists.
 
 Why: on a power-capped H200 the step's time is its energy over the cap, and FlexAttention spends 3.2-3.3
-J per TFLOP (its forward 2.4 at the long windows), 2.7-2.9 times a bf16 product's (docs/performance.md,
-"Where the step's energy goes"). This is the first half of the plan there: the forward, measured against
-FlexAttention's forward by `scripts/device/attn_gluon_bench.py`, held to it and to the dense reference by
-the GPU tests. It is not in the training step: that needs the backward too (FlexAttention's backward
-cannot be called on another kernel's outputs through a public interface).
+J per TFLOP, 2.7-2.9 times a bf16 product's (docs/performance.md, "Where the step's energy goes"). These
+kernels spend 2.2-2.7 at the long windows and took 10 ms and 5-7 J from the step (docs/performance.md,
+"The attention's own kernels"); `attention.backend=auto` picks them on Hopper. FlexAttention stays the
+path elsewhere, and the GPU tests hold these kernels to it and to the dense reference.
 
-What it computes: FlexAttention's forward with `attention.flex_block_mask`'s masks, exactly as the model
+What they compute: FlexAttention's attention with `attention.flex_block_mask`'s masks, exactly as the model
 calls it. Per 64-row query block of one head, the key blocks of its lists: first the partial blocks (the
 mask function, causal and same document, applied inside the tile: `docs[q] == docs[k] and q >= k`), then
-the full blocks (no mask). The lists carry the window, so the kernel never sees it. Output o (bfloat16)
-and the log-sum-exp (natural log, float32, per head and row: what `flex_attention(..., return_lse=True)`
-returns).
+the full blocks (no mask). The lists carry the window, so the kernels never see it. The forward returns o
+(bfloat16) and the log-sum-exp (natural log, float32, per head and row: what `flex_attention(...,
+return_lse=True)` returns); the backward dq, dk, dv by FlexAttention's formulas and roundings.
 
 How (one program per 64-row block and head, one warpgroup, no warp specialisation):
 - Q comes once by TMA; K and V tiles by TMA into a ring of STAGES slots, each slot's load issued as soon
   as the tile STAGES earlier in the list is done (the lists are walked in the same order by the loads and
   the products, so a slot's index and mbarrier parity follow from the tile's position);
-- S = Q Kᵀ on wgmma (64 x 64 x 128, operands in shared memory), scaled by scale·log2(e), masked on
-  partial tiles; the online softmax in registers in base 2 (exp2); P rounded to bfloat16 (as FlexAttention
-  rounds it) and fed to the second wgmma from registers (its accumulator layout is the A operand's);
-- O = diag(1/l) Σ P V; stored through Q's shared buffer (free after the last QKᵀ) by TMA.
-Two or more programs share an SM (80 KB of shared memory each with two stages), so one's softmax runs
+- S = Q Kᵀ on wgmma (64 x 64 x 128; Q from shared memory, or from registers with Q_REG), scaled by
+  scale·log2(e), masked on partial tiles; the online softmax in registers in base 2 (exp2); P rounded to
+  bfloat16 (as FlexAttention rounds it) and fed to the second wgmma from registers (its accumulator layout
+  is the A operand's);
+- O = diag(1/l) Σ P V; stored through Q's shared buffer (free after the last QKᵀ) by TMA;
+- the backward in two kernels with no atomics: dQ per query block on the same walk (delta = rowsum(dO·O)
+  computed there first), dK and dV per key block on the block mask's query lists.
+Two or more programs share an SM (82-115 KB of shared memory each with two stages), so one's softmax runs
 while another's products do.
 
 The row index of a (token, head) in q, k, v and o is `token + head * head_rows` and its first column
@@ -43,13 +46,17 @@ from speedrun import relu2_gluon
 BLOCK = 64  # rows of a query block and of a key block: the 64-token block mask's granularity
 # STAGES: the K/V (or Q/dO) ring's depth; OVERLAP: the forward with the next tile's QKᵀ issued before this
 # tile's PV (`_attn_fwd_overlap_kernel`; compiled and tested on the CPU, not yet measured on a GPU: off)
-CONFIG = {"STAGES": 2, "num_warps": 4, "OVERLAP": 0}
+# Q_REG: the forward's Q loaded once into registers as QKᵀ's A operand rather than read from shared memory
+# by every wgmma (half that product's shared-memory reads; 227 registers, no spills. The backward's two A
+# operands each would spill: 24 and 224 bytes of stack)
+CONFIG = {"STAGES": 2, "num_warps": 4, "OVERLAP": 0, "Q_REG": 0}
 LN2 = math.log(2.0)
 
 _KERNEL = None
 gluon = gl = tma = mbarrier = fence_async_shared = warpgroup_mma = warpgroup_mma_wait = tma_load = tma_store = None
 _kv_block = _issue_kv = _tile = _ring = _load_pair = _store_tile = _visible = _dq_tile = _dkdv_tile = _load_one = _row_dot = None
 _fwd_kernel = _dq_kernel = _dkdv_kernel = _fwd_overlap_kernel = _scores = _walk_start = _wait_slot = _program = None
+_a_operand = None
 
 
 def available() -> bool:
@@ -63,6 +70,7 @@ def _build():
     global _KERNEL, gluon, gl, tma, mbarrier, fence_async_shared, warpgroup_mma, warpgroup_mma_wait, tma_load, tma_store
     global _kv_block, _issue_kv, _tile, _ring, _load_pair, _store_tile, _visible, _dq_tile, _dkdv_tile, _load_one, _row_dot
     global _fwd_kernel, _dq_kernel, _dkdv_kernel, _fwd_overlap_kernel, _scores, _walk_start, _wait_slot, _program
+    global _a_operand
     if _KERNEL is not None:
         return _KERNEL
     from triton.experimental import gluon as _gluon
@@ -128,6 +136,16 @@ def _build():
         return s
 
     @gluon.jit
+    def _a_operand(smem, acc_layout: gl.constexpr, IN_REGS: gl.constexpr):
+        """A 64 x D tile as the A operand of products into acc_layout: its shared buffer, or with IN_REGS the
+        tile loaded once into registers (a product then reads only B from shared memory)."""
+        if IN_REGS:
+            op = smem.load(gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2))
+        else:
+            op = smem
+        return op
+
+    @gluon.jit
     def _ring(a_desc, STAGES: gl.constexpr):
         """Two rings of STAGES 64 x D tiles (a_desc's layout) and their `ready` barriers, initialised."""
         a_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES] + a_desc.block_type.shape, a_desc.layout)
@@ -191,13 +209,14 @@ def _build():
         return ok
 
     @gluon.jit
-    def _tile(q_smem, k_buf, v_buf, m_i, l_i, acc, qk_scale, rows, doc_q, kb, docs_ptr,
+    def _tile(q_op, k_buf, v_buf, m_i, l_i, acc, qk_scale, rows, doc_q, kb, docs_ptr,
               MASKED: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr):
-        """One key tile of the online softmax: (m, l, acc) updated in base 2 (m and S carry log2(e))."""
-        BM: gl.constexpr = q_smem.shape[0]
+        """One key tile of the online softmax: (m, l, acc) updated in base 2 (m and S carry log2(e)); q_op
+        Q's tile in shared memory or registers (`_a_operand`)."""
+        BM: gl.constexpr = q_op.shape[0]
         BN: gl.constexpr = k_buf.shape[0]
         zero = gl.zeros([BM, BN], gl.float32, s_layout)
-        qk = warpgroup_mma(q_smem, k_buf.permute((1, 0)), zero, use_acc=False) * qk_scale
+        qk = warpgroup_mma(q_op, k_buf.permute((1, 0)), zero, use_acc=False) * qk_scale
         if MASKED:
             cols = kb * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
             doc_k = gl.load(docs_ptr + cols)
@@ -216,7 +235,7 @@ def _build():
     @gluon.jit
     def _attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, docs_ptr, kv_num_ptr, kv_idx_ptr,
                          fkv_num_ptr, fkv_idx_ptr, T, nbk, head_rows, head_cols, qk_scale,
-                         STAGES: gl.constexpr, num_warps: gl.constexpr):
+                         STAGES: gl.constexpr, Q_REG: gl.constexpr, num_warps: gl.constexpr):
         """o and lse of query block program_id(0), head program_id(1) (module docstring)."""
         BM: gl.constexpr = q_desc.block_type.shape[0]
         D: gl.constexpr = q_desc.block_type.shape[1]
@@ -246,16 +265,17 @@ def _build():
         l_i = gl.zeros([BM], gl.float32, gl.SliceLayout(1, s_layout))
         acc = gl.zeros([BM, D], gl.float32, o_layout)
         mbarrier.wait(q_bar, 0)
+        q_op = _a_operand(q_smem, s_layout, Q_REG)
         for t in range(n_p):
             kb = gl.load(kv_idx_ptr + row_off + t)
             s = _wait_slot(ready, t)
-            m_i, l_i, acc = _tile(q_smem, k_bufs.index(s), v_bufs.index(s), m_i, l_i, acc, qk_scale, rows, doc_q,
+            m_i, l_i, acc = _tile(q_op, k_bufs.index(s), v_bufs.index(s), m_i, l_i, acc, qk_scale, rows, doc_q,
                                   kb, docs_ptr, True, s_layout, o_layout)
             _issue_kv(t + STAGES, n_p, n, row_off, kv_idx_ptr, fkv_idx_ptr, k_desc, v_desc, k_bufs, v_bufs, ready,
                       head_row, col)
         for t in range(n_p, n):
             s = _wait_slot(ready, t)
-            m_i, l_i, acc = _tile(q_smem, k_bufs.index(s), v_bufs.index(s), m_i, l_i, acc, qk_scale, rows, doc_q,
+            m_i, l_i, acc = _tile(q_op, k_bufs.index(s), v_bufs.index(s), m_i, l_i, acc, qk_scale, rows, doc_q,
                                   0, docs_ptr, False, s_layout, o_layout)
             _issue_kv(t + STAGES, n_p, n, row_off, kv_idx_ptr, fkv_idx_ptr, k_desc, v_desc, k_bufs, v_bufs, ready,
                       head_row, col)
@@ -285,7 +305,7 @@ def _build():
     @gluon.jit
     def _attn_fwd_overlap_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, docs_ptr, kv_num_ptr, kv_idx_ptr,
                                  fkv_num_ptr, fkv_idx_ptr, T, nbk, head_rows, head_cols, qk_scale,
-                                 STAGES: gl.constexpr, num_warps: gl.constexpr):
+                                 STAGES: gl.constexpr, Q_REG: gl.constexpr, num_warps: gl.constexpr):
         """The forward with the next tile's QKᵀ issued before this tile's PV, so the next tile's softmax
         runs while PV does (FlashAttention-3's overlap within a warpgroup); one walk with a runtime mask
         test per tile. Same results as `_attn_fwd_kernel` up to the order of nothing: the same products
@@ -307,15 +327,16 @@ def _build():
         zero = gl.zeros([BM, BN], gl.float32, s_layout)
         acc = gl.zeros([BM, D], gl.float32, o_layout)
         mbarrier.wait(q_bar, 0)
+        q_op = _a_operand(q_smem, s_layout, Q_REG)
         mbarrier.wait(ready.index(0), 0)
-        qk = warpgroup_mma(q_smem, k_bufs.index(0).permute((1, 0)), zero, use_acc=False)
+        qk = warpgroup_mma(q_op, k_bufs.index(0).permute((1, 0)), zero, use_acc=False)
         p, m_i, l_i, alpha = _scores(qk, gl.full([BM], -float("inf"), gl.float32, gl.SliceLayout(1, s_layout)),
                                      gl.zeros([BM], gl.float32, gl.SliceLayout(1, s_layout)), qk_scale, rows, 0, n_p,
                                      row_off, kv_idx_ptr, docs_ptr, s_layout)
         for t in range(n - 1):
             s1 = (t + 1) % STAGES
             mbarrier.wait(ready.index(s1), ((t + 1) // STAGES) & 1)
-            qk = warpgroup_mma(q_smem, k_bufs.index(s1).permute((1, 0)), zero, use_acc=False, is_async=True)
+            qk = warpgroup_mma(q_op, k_bufs.index(s1).permute((1, 0)), zero, use_acc=False, is_async=True)
             p16 = gl.convert_layout(p.to(gl.bfloat16), a_layout)
             acc = warpgroup_mma(p16, v_bufs.index(t % STAGES), acc, is_async=True)
             qk = warpgroup_mma_wait(1, deps=(qk, ))  # the older group, QKᵀ of tile t + 1, is done
@@ -547,7 +568,7 @@ def launch_forward(q: Tensor, k: Tensor, v: Tensor, docs: Tensor, lists: tuple[T
     kv_num, kv_idx, fkv_num, fkv_idx = lists[:4]
     kernel[(t // BLOCK, h)](*descs, lse, docs, kv_num, kv_idx, fkv_num, fkv_idx, t, kv_idx.shape[1],
                             head_rows, head_cols, scale * math.log2(math.e),
-                            STAGES=cfg["STAGES"], num_warps=cfg["num_warps"])
+                            STAGES=cfg["STAGES"], Q_REG=cfg["Q_REG"], num_warps=cfg["num_warps"])
     return out, lse
 
 
@@ -639,14 +660,14 @@ def reference_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, docs: Tensor
 
 @torch.library.custom_op("speedrun::attn_gluon", mutates_args=())
 def attn_gluon_op(q: Tensor, k: Tensor, v: Tensor, docs: Tensor, lists: list[Tensor], scale: float,
-                  overlap: bool) -> tuple[Tensor, Tensor]:
-    """(o, lse) of `launch_forward` (overlap: CONFIG's OVERLAP); opaque to the compiler, with a fake and an
-    autograd formula."""
-    return launch_forward(q, k, v, docs, tuple(lists), scale, {"OVERLAP": int(overlap)})
+                  overlap: bool, q_regs: bool) -> tuple[Tensor, Tensor]:
+    """(o, lse) of `launch_forward` (overlap, q_regs: CONFIG's OVERLAP and Q_REG); opaque to the compiler,
+    with a fake and an autograd formula."""
+    return launch_forward(q, k, v, docs, tuple(lists), scale, {"OVERLAP": int(overlap), "Q_REG": int(q_regs)})
 
 
 @attn_gluon_op.register_fake
-def _(q, k, v, docs, lists, scale, overlap):
+def _(q, k, v, docs, lists, scale, overlap, q_regs):
     return _like_q(q), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
@@ -663,7 +684,7 @@ def _(do, q, k, v, o, lse, docs, lists, scale):
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, docs, lists, scale, _overlap = inputs
+    q, k, v, docs, lists, scale, _overlap, _q_regs = inputs
     ctx.save_for_backward(q, k, v, output[0], output[1], docs, *lists)
     ctx.scale, ctx.num_lists = scale, len(lists)
 
@@ -671,17 +692,17 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, do, _dlse):
     q, k, v, o, lse, docs, *lists = ctx.saved_tensors
     dq, dk, dv = torch.ops.speedrun.attn_gluon_backward(do, q, k, v, o, lse, docs, lists, ctx.scale)
-    return dq, dk, dv, None, [None] * ctx.num_lists, None, None
+    return dq, dk, dv, None, [None] * ctx.num_lists, None, None, None
 
 
 attn_gluon_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, docs: Tensor, lists: tuple[Tensor, ...], scale: float,
-              overlap: bool = False) -> Tensor:
+              overlap: bool = False, q_regs: bool = False) -> Tensor:
     """The record's attention output (1, H, T, D) through the Gluon kernels, differentiable in q, k, v;
-    overlap: the forward's OVERLAP variant."""
-    return torch.ops.speedrun.attn_gluon(q, k, v, docs, list(lists), scale, overlap)[0]
+    overlap, q_regs: the forward's OVERLAP and Q_REG variants."""
+    return torch.ops.speedrun.attn_gluon(q, k, v, docs, list(lists), scale, overlap, q_regs)[0]
 
 
 # --------------------------------------------------------------------------- offline compile (no GPU)
@@ -703,6 +724,8 @@ def compile_offline(which: str = "fwd", cfg: dict | None = None, head_dim: int =
     layout = gl.NVMMASharedLayout.get_default_for([BLOCK, head_dim], gl.bfloat16)
     desc = f"tensordesc<bf16[{BLOCK}, {head_dim}],{layout!r}>"
     consts = {"STAGES": cfg["STAGES"], "num_warps": cfg["num_warps"]}
+    if which.startswith("fwd"):
+        consts["Q_REG"] = cfg["Q_REG"]
     signature = {}
     for name in kernel.arg_names:
         if name in consts:

@@ -162,8 +162,14 @@ class AttentionConfig:
     # visited and about half the masked ones on FineWeb's documents (docs/performance.md).
     sparse_block: int = 64
     # With backend gluon: the forward that issues the next tile's QKᵀ before this tile's PV (attn_gluon's
-    # OVERLAP). The same products and roundings; compiled and tested on the CPU, not yet measured on a GPU.
+    # OVERLAP). The same products and roundings; measured slower in isolation on two cards (fortieth
+    # session: 2.29-3.10 J/TFLOP at windows 6-14 against the plain forward's 2.22-2.67): off.
     gluon_overlap: bool = False
+    # With backend gluon: the forward's Q held in registers as QKᵀ's A operand (attn_gluon's Q_REG), so the
+    # product reads only K from shared memory. The same products and roundings; in isolation (fortieth
+    # session, one card) 5-7% faster at the long windows, the same at the short ones; not yet measured in
+    # the training step: off.
+    gluon_q_regs: bool = False
     # How the block mask's lists are ordered (block_order.py): "torch" (a stable argsort per list, eight
     # radix sorts a micro-step) | "triton" (one prefix-sum kernel per list, as a custom op) | "auto"
     # (triton on CUDA when installed). The same lists, bit for bit.
