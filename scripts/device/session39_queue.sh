@@ -11,6 +11,8 @@
 #   suite      the whole GPU suite, one pytest per file [gpu-test_*.log] [all.done, q.log]
 #   files F... (fortieth session) those test files' GPU tests, one pytest per file, then the attn bench as
 #              `attn` runs it [gpu-test_*.log, attn-gluon.*] [all.done, q.log]
+#   host       (fortieth) scripts/device/attn_gluon_host.py: where the Gluon launch's host time goes
+#              [attn-host.txt] [all.done, q.log]; needs no data
 #   fullab ARM...  proxy212 runs one after the other, ARM def or one of FULL_ARGS (session38_queue.sh's fullab)
 #                  [full.done, q-full.log]; a call carrying shard 4 after one that kept shards 1-3
 #   wait S [D [LOG]]  follow until $RES/D.done or S seconds; tar results into $OUT
@@ -71,9 +73,11 @@ case "${1:-}" in
          touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
   attn) shift; check_start; ( attn_queue "$@"; touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
   suite) check_start; ( suite_per_file 240; touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
+  host) queue_start; ( PYTHONPATH=src timeout 200 python3 scripts/device/attn_gluon_host.py "$RES/attn-host.txt" 200
+        echo "$(date +%T) host: exit $?"; touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
   ab) shift; check_start; ( ab_queue "$@"; touch "$RES/ab.done" ) > "$RES/q-ab.log" 2>&1 ;;
   fullab) shift; restore_proxy; bytecode_on
           ( full_arms "$@"; touch "$RES/full.done" ) > "$RES/q-full.log" 2>&1 ;;
   wait) follow_and_collect "${2:-560}" "$RES/${3:-all}.done" "$RES/${4:-q.log}"; exit $? ;;
-  *) echo "usage: $0 attn [STAGES] | ab [ROUNDS [ARM...]] | suite | files FILE... | fullab ARM... | wait SECONDS [DONE-NAME [LOG]]" >&2; exit 2 ;;
+  *) echo "usage: $0 attn [STAGES] | ab [ROUNDS [ARM...]] | suite | files FILE... | host | fullab ARM... | wait SECONDS [DONE-NAME [LOG]]" >&2; exit 2 ;;
 esac
