@@ -56,7 +56,7 @@ _KERNEL = None
 gluon = gl = tma = mbarrier = fence_async_shared = warpgroup_mma = warpgroup_mma_wait = tma_load = tma_store = None
 _kv_block = _issue_kv = _tile = _ring = _load_pair = _store_tile = _visible = _dq_tile = _dkdv_tile = _load_one = _row_dot = None
 _fwd_kernel = _dq_kernel = _dkdv_kernel = _fwd_overlap_kernel = _scores = _walk_start = _wait_slot = _program = None
-_a_operand = None
+_a_operand = _mma_layout = None
 
 
 def available() -> bool:
@@ -70,7 +70,7 @@ def _build():
     global _KERNEL, gluon, gl, tma, mbarrier, fence_async_shared, warpgroup_mma, warpgroup_mma_wait, tma_load, tma_store
     global _kv_block, _issue_kv, _tile, _ring, _load_pair, _store_tile, _visible, _dq_tile, _dkdv_tile, _load_one, _row_dot
     global _fwd_kernel, _dq_kernel, _dkdv_kernel, _fwd_overlap_kernel, _scores, _walk_start, _wait_slot, _program
-    global _a_operand
+    global _a_operand, _mma_layout
     if _KERNEL is not None:
         return _KERNEL
     from triton.experimental import gluon as _gluon
@@ -81,6 +81,11 @@ def _build():
     tma, mbarrier, fence_async_shared = _hopper.tma, _hopper.mbarrier, _hopper.fence_async_shared
     warpgroup_mma, warpgroup_mma_wait = _hopper.warpgroup_mma, _hopper.warpgroup_mma_wait
     tma_load, tma_store = relu2_gluon.tma_copies(tma)
+
+    @gluon.constexpr_function
+    def _mma_layout(num_warps, n):
+        """The wgmma accumulator layout of tiles n columns wide, 16 rows a warp (a warpgroup's 64 rows)."""
+        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, n, 16])
 
     @gluon.jit
     def _kv_block(t, n_p, row_off, kv_idx_ptr, fkv_idx_ptr):
@@ -240,10 +245,8 @@ def _build():
         BM: gl.constexpr = q_desc.block_type.shape[0]
         D: gl.constexpr = q_desc.block_type.shape[1]
         BN: gl.constexpr = k_desc.block_type.shape[0]
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                            instr_shape=[16, BN, 16])
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                            instr_shape=[16, D, 16])
+        s_layout: gl.constexpr = _mma_layout(num_warps, BN)
+        o_layout: gl.constexpr = _mma_layout(num_warps, D)
         pid_m, h, head_row, col = _program(head_rows, head_cols)
         q_smem = gl.allocate_shared_memory(gl.bfloat16, [BM, D], q_desc.layout)
         k_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, D], k_desc.layout)
@@ -313,10 +316,8 @@ def _build():
         BM: gl.constexpr = q_desc.block_type.shape[0]
         D: gl.constexpr = q_desc.block_type.shape[1]
         BN: gl.constexpr = k_desc.block_type.shape[0]
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                            instr_shape=[16, BN, 16])
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                            instr_shape=[16, D, 16])
+        s_layout: gl.constexpr = _mma_layout(num_warps, BN)
+        o_layout: gl.constexpr = _mma_layout(num_warps, D)
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         pid_m, h, head_row, col = _program(head_rows, head_cols)
         k_bufs, v_bufs, ready = _ring(k_desc, STAGES)
@@ -383,10 +384,8 @@ def _build():
         BM: gl.constexpr = q_desc.block_type.shape[0]
         D: gl.constexpr = q_desc.block_type.shape[1]
         BN: gl.constexpr = k_desc.block_type.shape[0]
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                            instr_shape=[16, BN, 16])
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                            instr_shape=[16, D, 16])
+        s_layout: gl.constexpr = _mma_layout(num_warps, BN)
+        o_layout: gl.constexpr = _mma_layout(num_warps, D)
         pid_m, h, head_row, col = _program(head_rows, head_cols)
         k_bufs, v_bufs, ready = _ring(k_desc, STAGES)
         q_smem, do_smem, q_bar = _load_pair(q_desc, do_desc, head_row + pid_m * BM, col)
@@ -452,10 +451,8 @@ def _build():
         BN: gl.constexpr = k_desc.block_type.shape[0]
         D: gl.constexpr = k_desc.block_type.shape[1]
         BM: gl.constexpr = q_desc.block_type.shape[0]
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                            instr_shape=[16, BM, 16])
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                            instr_shape=[16, D, 16])
+        s_layout: gl.constexpr = _mma_layout(num_warps, BM)
+        o_layout: gl.constexpr = _mma_layout(num_warps, D)
         pid_n, h, head_row, col = _program(head_rows, head_cols)
         q_bufs, do_bufs, ready = _ring(q_desc, STAGES)
         k_smem, v_smem, kv_bar = _load_pair(k_desc, v_desc, head_row + pid_n * BN, col)
