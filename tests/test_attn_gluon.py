@@ -103,6 +103,22 @@ def test_gpu_matches_dense_reference_and_flex(cuda, seed, window, stages, overla
     assert out.shape == q.shape and out.transpose(1, 2).is_contiguous()
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("seed,window", [(0, 1), (2, 14)])
+def test_gpu_q_in_registers_changes_no_bit(cuda, seed, window):
+    """The Q_REG forward feeds QK^T's A operand from registers instead of shared memory: the same bfloat16
+    values into the same wgmma shapes, so o and lse must equal the plain forward's bit for bit (what lets
+    it be the default without a loss check of its own)."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the kernel is for Hopper (sm_90)")
+    A = _gluon()
+    docs, q, k, v = _case(seed, 4096, cuda)
+    mask = flex_block_mask(block_structure(docs, 128), torch.tensor(window, device=cuda, dtype=torch.int32), 128, 64)
+    plain = A.forward(q, k, v, docs, mask, 0.12, {"Q_REG": 0})
+    in_regs = A.forward(q, k, v, docs, mask, 0.12, {"Q_REG": 1})
+    assert torch.equal(plain[0], in_regs[0]) and torch.equal(plain[1], in_regs[1])
+
+
 def test_backend_is_checked_before_it_runs():
     from speedrun.attention import pick_backend
     from speedrun.config import RunConfig, validate
@@ -155,9 +171,14 @@ def test_gpu_compiled_model_step_matches_flex(cuda):
         pytest.skip("the kernel is for Hopper (sm_90)")
     _gluon()
     from speedrun import presets
+    from speedrun.flex_tiles import use_sparse_block
     from speedrun.train import build_model
 
     cfg = presets.proxy212()
+    # build_model installs FlexAttention's 64-token backward tiles only when it picks flex; on Hopper it
+    # picks gluon, so the flex arm below needs them installed here. Without this line the test passed only
+    # after another test had installed them (forty-first session: run alone, no backward tile fitted).
+    use_sparse_block(cfg.attention.sparse_block, cfg.attention.block_size, cuda)
     gen = torch.Generator().manual_seed(0)
     tokens = random_tokens(8192, 0.003, gen).to(cuda)
     targets = torch.roll(tokens, -1)
@@ -273,3 +294,31 @@ def test_kernels_are_where_the_portable_cache_looks():
     built = A._build()
     found = list(triton_bundle._jit_functions())
     assert all(any(k is f for f in found) for k in built.values())
+
+
+def test_model_hands_the_configs_forward_variant_to_the_launcher(monkeypatch):
+    """The model reads `attention.gluon_overlap` / `gluon_q_regs` from its config for every Gluon call: the
+    defaults (Q_REG on since the forty-first session) and a config that turns them around."""
+    from speedrun import attn_gluon as A
+    from speedrun.config import AttentionConfig, ModelConfig
+    from speedrun.model import GPT
+
+    seen = []
+
+    def fwd(q, k, v, docs, lists, scale, cfg=None):
+        seen.append(cfg)
+        o, lse = A.reference(q, k, v, docs, lists, scale)
+        return o.transpose(1, 2).contiguous().transpose(1, 2), lse
+
+    monkeypatch.setattr(A, "launch_forward", fwd)
+    cfg = ModelConfig(num_layers=2, value_embeds=1, model_dim=32, num_heads=2, head_dim=16, mlp_hidden=64,
+                      vocab_size=300, no_attn_layers=(), long_layers=(0,))
+    tokens = torch.randint(0, 300, (256,), generator=torch.Generator().manual_seed(0))
+    for attn, want in ((AttentionConfig(), {"OVERLAP": 0, "Q_REG": 1}),
+                       (AttentionConfig(gluon_overlap=True, gluon_q_regs=False), {"OVERLAP": 1, "Q_REG": 0})):
+        seen.clear()
+        model = GPT(cfg, attn)
+        model.attention_backend = "gluon"
+        with torch.no_grad():
+            model(tokens, torch.roll(tokens, -1), torch.tensor(2))
+        assert seen == [want, want]

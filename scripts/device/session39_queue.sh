@@ -4,7 +4,8 @@
 #                  proxy's first training shard: agreement with FlexAttention's forward, time and energy a
 #                  call at each window [attn-gluon.json, attn-gluon.log] [all.done, q.log]
 #   ab ROUNDS [ARM...]  `speedrun bench` of proxy212 on the proxy's shards 1-3, the arms in turns (AB_ARGS:
-#              def, flex, gluon, overlap, graphs (train.cudagraphs), qreg (attention.gluon_q_regs); default
+#              def, flex, gluon, overlap, graphs (train.cudagraphs), qreg / noqreg (attention.gluon_q_regs on
+#              / off; on by default since the forty-first session); default
 #              def and gluon: in the thirty-ninth session `def` was FlexAttention, since then `auto` picks
 #              gluon on Hopper), ROUNDS rounds, each arm on its own compiler cache
 #              [ab-ARM-N.json/.log] [ab.done, q-ab.log]
@@ -23,7 +24,8 @@ source scripts/device/common.sh
 declare -A FULL_ARGS=([gluon]="--set attention.backend=gluon" [flex]="--set attention.backend=flex"
                       [overlap]="--set attention.backend=gluon --set attention.gluon_overlap=true"
                       [graphs]="--set train.cudagraphs=true"
-                      [qreg]="--set attention.backend=gluon --set attention.gluon_q_regs=true")
+                      [qreg]="--set attention.backend=gluon --set attention.gluon_q_regs=true"
+                      [noqreg]="--set attention.backend=gluon --set attention.gluon_q_regs=false")
 
 attn_queue() {
   gpu_tests attn 300 tests/test_attn_gluon.py
@@ -38,7 +40,8 @@ attn_queue() {
 declare -A AB_ARGS=([def]="" [flex]="--set attention.backend=flex" [gluon]="--set attention.backend=gluon"
                     [overlap]="--set attention.backend=gluon --set attention.gluon_overlap=true"
                     [graphs]="--set train.cudagraphs=true"
-                    [qreg]="--set attention.backend=gluon --set attention.gluon_q_regs=true")
+                    [qreg]="--set attention.backend=gluon --set attention.gluon_q_regs=true"
+                    [noqreg]="--set attention.backend=gluon --set attention.gluon_q_regs=false")
 
 ab_queue() {  # ab_queue ROUNDS [ARM...]: the arms (AB_ARGS; default: def and gluon) in turns, ROUNDS rounds
   measure_start

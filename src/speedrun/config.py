@@ -166,10 +166,11 @@ class AttentionConfig:
     # session: 2.29-3.10 J/TFLOP at windows 6-14 against the plain forward's 2.22-2.67): off.
     gluon_overlap: bool = False
     # With backend gluon: the forward's Q held in registers as QKᵀ's A operand (attn_gluon's Q_REG), so the
-    # product reads only K from shared memory. The same products and roundings; in isolation (fortieth
-    # session, one card) 5-7% faster at the long windows, the same at the short ones; not yet measured in
-    # the training step: off.
-    gluon_q_regs: bool = False
+    # product reads only K from shared memory. The same bits out (a GPU test holds o and lse equal to the
+    # plain forward's); replayed from CUDA graphs (forty-first session) 2-6% less time and 1-7% less energy
+    # at all eight windows measured; in the training step within the noise (-1.4 and +0.3 ms on two cards,
+    # where the forward is about 3% of the step): on.
+    gluon_q_regs: bool = True
     # How the block mask's lists are ordered (block_order.py): "torch" (a stable argsort per list, eight
     # radix sorts a micro-step) | "triton" (one prefix-sum kernel per list, as a custom op) | "auto"
     # (triton on CUDA when installed). The same lists, bit for bit.
