@@ -3,7 +3,7 @@
 #   attn [STAGES]  its GPU tests [gpu-tests-attn.log]; then scripts/device/attn_gluon_bench.py on the
 #                  proxy's first training shard: agreement with FlexAttention's forward, time and energy a
 #                  call at each window [attn-gluon.json, attn-gluon.log] [all.done, q.log]
-#   ab ROUNDS [ARM...]  `speedrun bench` of proxy212 on the proxy's shards 1-3, the arms in turns (AB_ARGS:
+#   ab ROUNDS [ARM...]  `speedrun bench` of proxy212 on the proxy shards carried, the arms in turns (AB_ARGS:
 #              def, flex, gluon, overlap, graphs (train.cudagraphs), qreg / noqreg (attention.gluon_q_regs on
 #              / off; on by default since the forty-first session); default
 #              def and gluon: in the thirty-ninth session `def` was FlexAttention, since then `auto` picks
@@ -15,9 +15,10 @@
 #   host       (fortieth) scripts/device/attn_gluon_host.py: where the Gluon launch's host time goes
 #              [attn-host.txt] [all.done, q.log]; needs no data
 #   fullab ARM...  proxy212 runs one after the other, ARM def or one of FULL_ARGS (session38_queue.sh's fullab)
-#                  [full.done, q-full.log]; a call carrying shard 4 after one that kept shards 1-3
+#                  [full.done, q-full.log]; a call carrying shards 3-4 after one that kept the others
 #   wait S [D [LOG]]  follow until $RES/D.done or S seconds; tar results into $OUT
-# Carry [".proxy"] (shards 1-3 and val).
+# Carry [".proxy"]: shards 1-2 and val first (1-3 and val until the forty-first session; the tree has grown
+# past what fits beside them), shards 3 and 4 in the call that runs `fullab` (common.sh, stage_proxy).
 set -u
 source scripts/device/common.sh
 

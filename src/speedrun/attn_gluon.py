@@ -24,7 +24,10 @@ How (one program per 64-row block and head, one warpgroup, no warp specialisatio
   is the A operand's);
 - O = diag(1/l) Σ P V; stored through Q's shared buffer (free after the last QKᵀ) by TMA;
 - the backward in two kernels with no atomics: dQ per query block on the same walk (delta = rowsum(dO·O)
-  computed there first), dK and dV per key block on the block mask's query lists.
+  computed there first), dK and dV per key block on the block mask's query lists;
+- the three walk their lists through one function (`_walk`), each with its own tile function (`_tile`,
+  `_dq_tile`, `_dkdv_tile`) and its own loop-carried values (the OVERLAP forward, one tile ahead, keeps
+  its own loop). `scripts/attn_gluon_ptx.py` shows that a change like that one leaves the PTX as it was.
 Two or more programs share an SM (82-115 KB of shared memory each with two stages), so one's softmax runs
 while another's products do.
 
@@ -58,7 +61,7 @@ _KERNEL = None
 gluon = gl = tma = mbarrier = fence_async_shared = warpgroup_mma = warpgroup_mma_wait = tma_load = tma_store = None
 _kv_block = _issue_kv = _tile = _ring = _load_pair = _store_tile = _visible = _dq_tile = _dkdv_tile = _load_one = _row_dot = None
 _fwd_kernel = _dq_kernel = _dkdv_kernel = _fwd_overlap_kernel = _scores = _walk_start = _wait_slot = _program = None
-_a_operand = _mma_layout = None
+_walk = _a_operand = _mma_layout = None
 
 
 def available() -> bool:
@@ -70,7 +73,7 @@ def _build():
     """Import Triton/Gluon and define the kernel (once); the jit functions find each other and the Gluon
     modules through this module's globals."""
     global _KERNEL, gluon, gl, tma, mbarrier, fence_async_shared, warpgroup_mma, warpgroup_mma_wait, tma_load, tma_store
-    global _kv_block, _issue_kv, _tile, _ring, _load_pair, _store_tile, _visible, _dq_tile, _dkdv_tile, _load_one, _row_dot
+    global _kv_block, _issue_kv, _walk, _tile, _ring, _load_pair, _store_tile, _visible, _dq_tile, _dkdv_tile, _load_one, _row_dot
     global _fwd_kernel, _dq_kernel, _dkdv_kernel, _fwd_overlap_kernel, _scores, _walk_start, _wait_slot, _program
     global _a_operand, _mma_layout
     if _KERNEL is not None:
@@ -125,6 +128,27 @@ def _build():
         for t in gl.static_range(STAGES):
             _issue_kv(t, n_p, n, row_off, idx_ptr, fidx_ptr, a_desc, b_desc, a_bufs, b_bufs, ready, head_row, col)
         return n_p, n, row_off
+
+    @gluon.jit
+    def _walk(tile: gl.constexpr, acc, ctx, n_p, n, row_off, idx_ptr, fidx_ptr, a_desc, b_desc, a_bufs, b_bufs,
+              ready, head_row, col):
+        """The rest of a walk `_walk_start` began, the same in all three kernels: per tile, its partial list
+        then its full list, wait for its ring slot, acc = tile(a tile, b tile, acc, ctx, the tile's block,
+        MASKED: a partial tile), then issue the loads of the tile STAGES ahead into the slot; the last acc."""
+        STAGES: gl.constexpr = a_bufs.shape[0]
+        for t in range(n_p):
+            blk = gl.load(idx_ptr + row_off + t)
+            s = _wait_slot(ready, t)
+            acc = tile(a_bufs.index(s), b_bufs.index(s), acc, ctx, blk, True)
+            _issue_kv(t + STAGES, n_p, n, row_off, idx_ptr, fidx_ptr, a_desc, b_desc, a_bufs, b_bufs, ready,
+                      head_row, col)
+        for t in range(n_p, n):
+            blk = gl.load(fidx_ptr + row_off + (t - n_p))
+            s = _wait_slot(ready, t)
+            acc = tile(a_bufs.index(s), b_bufs.index(s), acc, ctx, blk, False)
+            _issue_kv(t + STAGES, n_p, n, row_off, idx_ptr, fidx_ptr, a_desc, b_desc, a_bufs, b_bufs, ready,
+                      head_row, col)
+        return acc
 
     @gluon.jit
     def _program(head_rows, head_cols):
@@ -216,10 +240,14 @@ def _build():
         return ok
 
     @gluon.jit
-    def _tile(q_op, k_buf, v_buf, m_i, l_i, acc, qk_scale, rows, doc_q, kb, docs_ptr,
-              MASKED: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr):
-        """One key tile of the online softmax: (m, l, acc) updated in base 2 (m and S carry log2(e)); q_op
-        Q's tile in shared memory or registers (`_a_operand`)."""
+    def _tile(k_buf, v_buf, state, ctx, kb, MASKED: gl.constexpr):
+        """One key tile of the online softmax (`_walk`'s tile): state (m, l, acc) updated in base 2 (m and S
+        carry log2(e)); ctx (q_op, qk_scale, rows, doc_q, docs_ptr), q_op Q's tile in shared memory or
+        registers (`_a_operand`)."""
+        m_i, l_i, acc = state
+        q_op, qk_scale, rows, doc_q, docs_ptr = ctx
+        s_layout: gl.constexpr = rows.type.layout.parent
+        o_layout: gl.constexpr = acc.type.layout
         BM: gl.constexpr = q_op.shape[0]
         BN: gl.constexpr = k_buf.shape[0]
         zero = gl.zeros([BM, BN], gl.float32, s_layout)
@@ -271,19 +299,8 @@ def _build():
         acc = gl.zeros([BM, D], gl.float32, o_layout)
         mbarrier.wait(q_bar, 0)
         q_op = _a_operand(q_smem, s_layout, Q_REG)
-        for t in range(n_p):
-            kb = gl.load(kv_idx_ptr + row_off + t)
-            s = _wait_slot(ready, t)
-            m_i, l_i, acc = _tile(q_op, k_bufs.index(s), v_bufs.index(s), m_i, l_i, acc, qk_scale, rows, doc_q,
-                                  kb, docs_ptr, True, s_layout, o_layout)
-            _issue_kv(t + STAGES, n_p, n, row_off, kv_idx_ptr, fkv_idx_ptr, k_desc, v_desc, k_bufs, v_bufs, ready,
-                      head_row, col)
-        for t in range(n_p, n):
-            s = _wait_slot(ready, t)
-            m_i, l_i, acc = _tile(q_op, k_bufs.index(s), v_bufs.index(s), m_i, l_i, acc, qk_scale, rows, doc_q,
-                                  0, docs_ptr, False, s_layout, o_layout)
-            _issue_kv(t + STAGES, n_p, n, row_off, kv_idx_ptr, fkv_idx_ptr, k_desc, v_desc, k_bufs, v_bufs, ready,
-                      head_row, col)
+        m_i, l_i, acc = _walk(_tile, (m_i, l_i, acc), (q_op, qk_scale, rows, doc_q, docs_ptr), n_p, n, row_off,
+                              kv_idx_ptr, fkv_idx_ptr, k_desc, v_desc, k_bufs, v_bufs, ready, head_row, col)
 
         o = acc / gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))[:, None]
         q_smem.store(o.to(gl.bfloat16))  # every QKᵀ is done (the products are synchronous)
@@ -355,11 +372,14 @@ def _build():
         gl.store(lse_ptr + h * T + rows, (m_i + gl.log2(l_i)) * 0.6931471805599453)
 
     @gluon.jit
-    def _dq_tile(q_smem, do_smem, k_buf, v_buf, dq, lse2, delta, qk_scale, rows, kb, docs_ptr,
-                 MASKED: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr):
-        """dQ += dS K over one key tile, with P = exp2(S - lse) and dS = P (dO Vᵀ - delta) recomputed
-        (dS rounded to bfloat16 for the product, as FlexAttention's backward rounds it; dQ's scale later).
-        S and dO Vᵀ are issued together (asynchronous), the mask computed while they run."""
+    def _dq_tile(k_buf, v_buf, dq, ctx, kb, MASKED: gl.constexpr):
+        """dQ += dS K over one key tile (`_walk`'s tile; ctx (q_smem, do_smem, lse2, delta, qk_scale, rows,
+        docs_ptr)), with P = exp2(S - lse) and dS = P (dO Vᵀ - delta) recomputed (dS rounded to bfloat16 for
+        the product, as FlexAttention's backward rounds it; dQ's scale later). S and dO Vᵀ are issued
+        together (asynchronous), the mask computed while they run."""
+        q_smem, do_smem, lse2, delta, qk_scale, rows, docs_ptr = ctx
+        s_layout: gl.constexpr = rows.type.layout.parent
+        o_layout: gl.constexpr = dq.type.layout
         BM: gl.constexpr = q_smem.shape[0]
         BN: gl.constexpr = k_buf.shape[0]
         zero = gl.zeros([BM, BN], gl.float32, s_layout)
@@ -400,28 +420,22 @@ def _build():
         mbarrier.wait(o_bar, 0)
         delta = _row_dot(do_smem, o_smem, gl.SliceLayout(1, s_layout), num_warps)
         gl.store(delta_ptr + h * T + rows, delta)  # for the dK/dV kernel, launched after this one
-        dq = gl.zeros([BM, D], gl.float32, o_layout)
-        for t in range(n_p):
-            kb = gl.load(kv_idx_ptr + row_off + t)
-            s = _wait_slot(ready, t)
-            dq = _dq_tile(q_smem, do_smem, k_bufs.index(s), v_bufs.index(s), dq, lse2, delta, qk_scale, rows, kb,
-                          docs_ptr, True, s_layout, o_layout)
-            _issue_kv(t + STAGES, n_p, n, row_off, kv_idx_ptr, fkv_idx_ptr, k_desc, v_desc, k_bufs, v_bufs, ready,
-                      head_row, col)
-        for t in range(n_p, n):
-            s = _wait_slot(ready, t)
-            dq = _dq_tile(q_smem, do_smem, k_bufs.index(s), v_bufs.index(s), dq, lse2, delta, qk_scale, rows, 0,
-                          docs_ptr, False, s_layout, o_layout)
-            _issue_kv(t + STAGES, n_p, n, row_off, kv_idx_ptr, fkv_idx_ptr, k_desc, v_desc, k_bufs, v_bufs, ready,
-                      head_row, col)
+        dq = _walk(_dq_tile, gl.zeros([BM, D], gl.float32, o_layout),
+                   (q_smem, do_smem, lse2, delta, qk_scale, rows, docs_ptr), n_p, n, row_off, kv_idx_ptr,
+                   fkv_idx_ptr, k_desc, v_desc, k_bufs, v_bufs, ready, head_row, col)
         _store_tile(dq * scale, o_smem, dq_desc, head_row + pid_m * BM, col)
 
     @gluon.jit
-    def _dkdv_tile(k_smem, v_smem, q_buf, do_buf, dk, dv, qk_scale, rows, qb, lse_ptr, delta_ptr, docs_ptr, hT,
-                   MASKED: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr):
-        """dV += Pᵀ dO and dK += dSᵀ Q over one query tile, Sᵀ = K Qᵀ and dPᵀ = V dOᵀ recomputed in the key
+    def _dkdv_tile(q_buf, do_buf, acc, ctx, qb, MASKED: gl.constexpr):
+        """dV += Pᵀ dO and dK += dSᵀ Q over one query tile (`_walk`'s tile; acc (dk, dv); ctx (k_smem, v_smem,
+        qk_scale, rows, lse_ptr, delta_ptr, docs_ptr, h, T)), Sᵀ = K Qᵀ and dPᵀ = V dOᵀ recomputed in the key
         block's rows (Pᵀ and dSᵀ rounded to bfloat16 for the products). Sᵀ and dPᵀ are issued together
         and the tile's lse, delta and mask loaded while they run; dV's product runs while dSᵀ is formed."""
+        dk, dv = acc
+        k_smem, v_smem, qk_scale, rows, lse_ptr, delta_ptr, docs_ptr, h, T = ctx
+        hT = h * T
+        s_layout: gl.constexpr = rows.type.layout.parent
+        o_layout: gl.constexpr = dk.type.layout
         BN: gl.constexpr = k_smem.shape[0]
         BM: gl.constexpr = q_buf.shape[0]
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
@@ -464,20 +478,9 @@ def _build():
         dk = gl.zeros([BN, D], gl.float32, o_layout)
         dv = gl.zeros([BN, D], gl.float32, o_layout)
         mbarrier.wait(kv_bar, 0)
-        for t in range(n_p):
-            qb = gl.load(q_idx_ptr + row_off + t)
-            s = _wait_slot(ready, t)
-            dk, dv = _dkdv_tile(k_smem, v_smem, q_bufs.index(s), do_bufs.index(s), dk, dv, qk_scale, rows, qb,
-                                lse_ptr, delta_ptr, docs_ptr, h * T, True, s_layout, o_layout)
-            _issue_kv(t + STAGES, n_p, n, row_off, q_idx_ptr, fq_idx_ptr, q_desc, do_desc, q_bufs, do_bufs, ready,
-                      head_row, col)
-        for t in range(n_p, n):
-            qb = gl.load(fq_idx_ptr + row_off + (t - n_p))
-            s = _wait_slot(ready, t)
-            dk, dv = _dkdv_tile(k_smem, v_smem, q_bufs.index(s), do_bufs.index(s), dk, dv, qk_scale, rows, qb,
-                                lse_ptr, delta_ptr, docs_ptr, h * T, False, s_layout, o_layout)
-            _issue_kv(t + STAGES, n_p, n, row_off, q_idx_ptr, fq_idx_ptr, q_desc, do_desc, q_bufs, do_bufs, ready,
-                      head_row, col)
+        dk, dv = _walk(_dkdv_tile, (dk, dv), (k_smem, v_smem, qk_scale, rows, lse_ptr, delta_ptr, docs_ptr, h, T),
+                       n_p, n, row_off, q_idx_ptr, fq_idx_ptr, q_desc, do_desc, q_bufs, do_bufs, ready, head_row,
+                       col)
         _store_tile(dv, v_smem, dv_desc, head_row + pid_n * BN, col)
         _store_tile(dk * scale, k_smem, dk_desc, head_row + pid_n * BN, col)
 
