@@ -50,10 +50,12 @@ BLOCK = 64  # rows of a query block and of a key block: the 64-token block mask'
 # STAGES: the K/V (or Q/dO) ring's depth; OVERLAP: the forward with the next tile's QKᵀ issued before this
 # tile's PV (`_attn_fwd_overlap_kernel`; measured slower on two cards in the fortieth session: off)
 # Q_REG: the forward's Q loaded once into registers as QKᵀ's A operand rather than read from shared memory
-# by every wgmma (half that product's shared-memory reads; 227 registers, no spills; the same bits out. The
-# backward's two A operands each would spill: 24 and 224 bytes of stack). The model takes OVERLAP and Q_REG
-# from `attention.gluon_overlap` / `gluon_q_regs` (Q_REG on since the forty-first session); CONFIG is the
-# launchers' default for callers that pass none: the plain forward, the one the others are tested against.
+# by every wgmma (half that product's shared-memory reads; 227 registers, no spills; the same bits out. In
+# the backward, dQ's Q alone would fit (223-235 registers), with dO too it spills under Triton 3.9, and
+# dK/dV already spills 48 bytes under 3.6: docs/performance.md, forty-second session). The model takes
+# OVERLAP and Q_REG from `attention.gluon_overlap` / `gluon_q_regs` (Q_REG on since the forty-first session);
+# CONFIG is the launchers' default for callers that pass none: the plain forward, the one the others are
+# tested against.
 CONFIG = {"STAGES": 2, "num_warps": 4, "OVERLAP": 0, "Q_REG": 0}
 LN2 = math.log(2.0)
 
