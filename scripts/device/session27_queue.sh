@@ -6,8 +6,9 @@
 #           into q-two.log [all.done]
 #   full2   restore the kept shards; a proxy212 run on two GPUs (torchrun) on GPU 0's caches [full.done]
 #   wait S [D [LOG]]  as session18_queue.sh's
-# Carry [".proxy"] without shard 4 for `two` (the benches read random tokens; the shards are kept for
-# full2), then [".proxy"] with shard 4 alone for full2, at once after.
+# Carry [".proxy"] with shards 1-2 and val for `two` (the benches read random tokens; the shards are kept
+# for full2), then [".proxy"] with shards 3-4 alone for full2, at once after (since the forty-second
+# session the tree and shards 1-3 pass the 64 MiB a call may carry: common.sh, stage_proxy).
 set -u
 source scripts/device/common.sh
 
