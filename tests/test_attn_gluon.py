@@ -25,17 +25,17 @@ def _gluon():
 
 
 @pytest.mark.parametrize("which,stages,q_reg", [("fwd", 2, 0), ("fwd", 3, 0), ("fwd", 2, 1), ("fwd_overlap", 2, 0),
-                                               ("dq", 2, 0), ("dkdv", 2, 0)])
+                                               ("dq", 2, 0), ("dq", 2, 1), ("dkdv", 2, 0)])
 def test_compiles_for_hopper_without_spills(which, stages, q_reg):
     """The forward at both ring depths, with Q in registers (Q_REG), its OVERLAP variant and the two backward
-    kernels compile for sm_90
+    kernels (dQ with and without Q in registers, DQ_Q_REG) compile for sm_90
     with no local memory; two stages leave room for two programs an SM (227 KB), and the products are wgmma, the loads
     TMA, the exponentials ex2. Under the Triton installed here: the GPU machine's Triton 3.6 spills 48 bytes in dK/dV
     (scripts/attn_gluon_ptx.py shows it; docs/performance.md)."""
     A = _gluon()
     from speedrun.relu2_gluon import resource_usage
 
-    kernel = A.compile_offline(which, {"STAGES": stages, "Q_REG": q_reg})
+    kernel = A.compile_offline(which, {"STAGES": stages, "Q_REG": q_reg, "DQ_Q_REG": q_reg})
     usage = resource_usage(kernel.asm["cubin"])
     assert usage.get("LOCAL", 0) == 0 and usage.get("STACK", 0) == 0, usage
     assert kernel.metadata.shared <= (113 if stages == 2 else 227) * 1024, kernel.metadata.shared
@@ -118,6 +118,44 @@ def test_gpu_q_in_registers_changes_no_bit(cuda, seed, window):
     plain = A.forward(q, k, v, docs, mask, 0.12, {"Q_REG": 0})
     in_regs = A.forward(q, k, v, docs, mask, 0.12, {"Q_REG": 1})
     assert torch.equal(plain[0], in_regs[0]) and torch.equal(plain[1], in_regs[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seed,window", [(0, 1), (2, 14)])
+def test_gpu_dq_q_in_registers_changes_no_bit(cuda, seed, window):
+    """DQ_Q_REG feeds the dQ kernel's QK^T from registers, as Q_REG does the forward's: dq, dk and dv must
+    equal the plain backward's bit for bit."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the kernel is for Hopper (sm_90)")
+    A = _gluon()
+    docs, q, k, v = _case(seed, 4096, cuda)
+    mask = flex_block_mask(block_structure(docs, 128), torch.tensor(window, device=cuda, dtype=torch.int32), 128, 64)
+    lists = A.block_lists(mask)
+    o, lse = A.launch_forward(q, k, v, docs, lists, 0.12)
+    do = torch.randn(q.shape, device=cuda, generator=torch.Generator(cuda).manual_seed(seed)).bfloat16()
+    plain = A.launch_backward(do, q, k, v, o, lse, docs, lists, 0.12, {"DQ_Q_REG": 0})
+    in_regs = A.launch_backward(do, q, k, v, o, lse, docs, lists, 0.12, {"DQ_Q_REG": 1})
+    assert all(torch.equal(a, b) for a, b in zip(plain, in_regs))
+    assert plain[0].abs().max().item() > 0  # a gradient that is there to compare
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seed,window", [(0, 1), (2, 14)])
+def test_gpu_int32_ids_change_no_bit(cuda, seed, window):
+    """The document ids as int32 (`attention.gluon_docs_i32`) make the same comparisons as int64: the
+    forward's o and lse and the backward's dq, dk and dv equal bit for bit."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the kernel is for Hopper (sm_90)")
+    A = _gluon()
+    docs, q, k, v = _case(seed, 4096, cuda)
+    mask = flex_block_mask(block_structure(docs, 128), torch.tensor(window, device=cuda, dtype=torch.int32), 128, 64)
+    lists = A.block_lists(mask)
+    do = torch.randn(q.shape, device=cuda, generator=torch.Generator(cuda).manual_seed(seed)).bfloat16()
+    got = []
+    for ids in (docs.long(), docs.int()):
+        o, lse = A.launch_forward(q, k, v, ids, lists, 0.12, {"Q_REG": 1})
+        got.append((o, lse, *A.launch_backward(do, q, k, v, o, lse, ids, lists, 0.12, {"DQ_Q_REG": 1})))
+    assert all(torch.equal(a, b) for a, b in zip(*got))
 
 
 def test_backend_is_checked_before_it_runs():
@@ -252,6 +290,7 @@ def test_op_autograd_and_fake_on_the_cpu(monkeypatch):
         return o.transpose(1, 2).contiguous().transpose(1, 2), lse
 
     def bwd(do, q, k, v, o, lse, docs, lists, scale, cfg=None):
+        seen.append(cfg)
         grads = A.reference_backward(do, q, k, v, docs, lists, scale)
         return tuple(g.transpose(1, 2).contiguous().transpose(1, 2) for g in grads)
 
@@ -263,12 +302,12 @@ def test_op_autograd_and_fake_on_the_cpu(monkeypatch):
     w = torch.tensor(3, dtype=torch.int32)
     go = torch.randn(q.shape, generator=torch.Generator().manual_seed(0))
 
-    def run(backend, compiled, overlap=False, q_regs=False):
+    def run(backend, compiled, overlap=False, q_regs=False, dq_q_regs=False):
         qkv = [x.clone().requires_grad_() for x in (q, k, v)]
 
         def attend(a, b, c):
             masks = AttentionMasks(docs, w, w // 2, 128, backend, None, 64, gluon_overlap=overlap,
-                                   gluon_q_regs=q_regs)
+                                   gluon_q_regs=q_regs, gluon_dq_q_regs=dq_q_regs)
             return masks.attend(a, b, c, True, 0.12)
 
         fn = torch.compile(attend, backend="aot_eager", fullgraph=True) if compiled else attend
@@ -276,14 +315,24 @@ def test_op_autograd_and_fake_on_the_cpu(monkeypatch):
         return out, torch.autograd.grad(out, qkv, go)
 
     ref_out, ref_grads = run("dense", False)
-    for compiled, overlap, q_regs in ((False, False, False), (True, False, False), (False, True, False),
-                                      (True, False, True)):
+    for compiled, overlap, q_regs, dq_q_regs in ((False, False, False, False), (True, False, False, False),
+                                                 (False, True, False, True), (True, False, True, True)):
         seen.clear()
-        out, grads = run("gluon", compiled, overlap, q_regs)
+        out, grads = run("gluon", compiled, overlap, q_regs, dq_q_regs)
         assert torch.allclose(out, ref_out, atol=1e-5)
         for g, r in zip(grads, ref_grads):
             assert torch.allclose(g, r, atol=1e-4)
-        assert seen == [{"OVERLAP": int(overlap), "Q_REG": int(q_regs)}]  # the options reach the launcher
+        # the options reach the launchers: the forward's, then the backward's
+        assert seen == [{"OVERLAP": int(overlap), "Q_REG": int(q_regs)}, {"DQ_Q_REG": int(dq_q_regs)}]
+
+
+def test_narrow_ids_only_where_the_largest_id_fits():
+    """int32 ids where the host's bound on them fits, the model's int64 where it might not; the same values."""
+    from speedrun.attention import narrow_ids
+
+    docs = torch.tensor([0, 0, 1, 2**31 - 2])
+    assert narrow_ids(docs, 2**31 - 1).dtype == torch.int32 and narrow_ids(docs, 2**31 - 1).tolist() == docs.tolist()
+    assert narrow_ids(docs, 2**31).dtype == torch.int64
 
 
 def test_kernels_are_where_the_portable_cache_looks():
@@ -297,9 +346,10 @@ def test_kernels_are_where_the_portable_cache_looks():
     assert all(any(k is f for f in found) for k in built.values())
 
 
-def test_model_hands_the_configs_forward_variant_to_the_launcher(monkeypatch):
-    """The model reads `attention.gluon_overlap` / `gluon_q_regs` from its config for every Gluon call: the
-    defaults (Q_REG on since the forty-first session) and a config that turns them around."""
+def test_model_hands_the_configs_kernel_variants_to_the_launchers(monkeypatch):
+    """The model reads `attention.gluon_overlap` / `gluon_q_regs` / `gluon_dq_q_regs` / `gluon_docs_i32`
+    from its config for every Gluon call, forward and backward: the defaults (Q_REG on since the forty-first
+    session, DQ_Q_REG and int32 ids since the forty-third) and configs that turn them around."""
     from speedrun import attn_gluon as A
     from speedrun.config import AttentionConfig, ModelConfig
     from speedrun.model import GPT
@@ -307,19 +357,28 @@ def test_model_hands_the_configs_forward_variant_to_the_launcher(monkeypatch):
     seen = []
 
     def fwd(q, k, v, docs, lists, scale, cfg=None):
-        seen.append(cfg)
+        seen.append({**cfg, "docs": docs.dtype})
         o, lse = A.reference(q, k, v, docs, lists, scale)
         return o.transpose(1, 2).contiguous().transpose(1, 2), lse
 
+    def bwd(do, q, k, v, o, lse, docs, lists, scale, cfg=None):
+        seen.append({**cfg, "docs": docs.dtype})
+        grads = A.reference_backward(do, q, k, v, docs, lists, scale)
+        return tuple(g.transpose(1, 2).contiguous().transpose(1, 2) for g in grads)
+
     monkeypatch.setattr(A, "launch_forward", fwd)
+    monkeypatch.setattr(A, "launch_backward", bwd)
     cfg = ModelConfig(num_layers=2, value_embeds=1, model_dim=32, num_heads=2, head_dim=16, mlp_hidden=64,
                       vocab_size=300, no_attn_layers=(), long_layers=(0,))
     tokens = torch.randint(0, 300, (256,), generator=torch.Generator().manual_seed(0))
-    for attn, want in ((AttentionConfig(), {"OVERLAP": 0, "Q_REG": 1}),
-                       (AttentionConfig(gluon_overlap=True, gluon_q_regs=False), {"OVERLAP": 1, "Q_REG": 0})):
+    i64, i32 = torch.int64, torch.int32
+    for attn, want, want_bwd in (
+            (AttentionConfig(), {"OVERLAP": 0, "Q_REG": 1, "docs": i32}, {"DQ_Q_REG": 1, "docs": i32}),
+            (AttentionConfig(gluon_overlap=True, gluon_q_regs=False, gluon_dq_q_regs=False, gluon_docs_i32=False),
+             {"OVERLAP": 1, "Q_REG": 0, "docs": i64}, {"DQ_Q_REG": 0, "docs": i64}),
+            (AttentionConfig(segment_len=64), {"OVERLAP": 0, "Q_REG": 1, "docs": i32}, {"DQ_Q_REG": 1, "docs": i32})):
         seen.clear()
         model = GPT(cfg, attn)
         model.attention_backend = "gluon"
-        with torch.no_grad():
-            model(tokens, torch.roll(tokens, -1), torch.tensor(2))
-        assert seen == [want, want]
+        model(tokens, torch.roll(tokens, -1), torch.tensor(2)).backward()
+        assert seen == [want, want, want_bwd, want_bwd]

@@ -52,6 +52,12 @@ def document_ids(tokens: Tensor) -> Tensor:
     return (tokens == EOT).cumsum(0)
 
 
+def narrow_ids(docs: Tensor, bound: int) -> Tensor:
+    """docs as int32 when `bound` (known on the host: ids never exceed it) fits, else unchanged. The same
+    comparisons either way; the Gluon kernels keep 32-bit ids in fewer registers (attention.gluon_docs_i32)."""
+    return docs.to(torch.int32) if bound < 2**31 else docs
+
+
 def segment_ids(num_tokens: int, segment_len: int, device) -> Tensor:
     """Fixed-length segments (independent sequences packed in one row)."""
     return torch.arange(num_tokens, device=device) // segment_len
@@ -231,9 +237,9 @@ class AttentionMasks:
 
     def __init__(self, docs: Tensor, long_blocks: Tensor, short_blocks: Tensor, block_size: int, backend: str,
                  flex_options: dict | None = None, sparse_block: int | None = None, order_kernel: str = "auto",
-                 gluon_overlap: bool = False, gluon_q_regs: bool = False):
+                 gluon_overlap: bool = False, gluon_q_regs: bool = False, gluon_dq_q_regs: bool = False):
         self.backend = backend
-        self.gluon_overlap, self.gluon_q_regs = gluon_overlap, gluon_q_regs
+        self.gluon_variants = (gluon_overlap, gluon_q_regs, gluon_dq_q_regs)
         self.flex_options = dict(flex_options) if flex_options else None
         if backend in ("flex", "gluon"):
             s = block_structure(docs, block_size)
@@ -251,7 +257,7 @@ class AttentionMasks:
         if self.backend == "flex":
             return flex_attention(q, k, v, mask, scale, self.flex_options)
         if self.backend == "gluon":
-            return attn_gluon.attention(q, k, v, self.docs, mask, scale, self.gluon_overlap, self.gluon_q_regs)
+            return attn_gluon.attention(q, k, v, self.docs, mask, scale, *self.gluon_variants)
         return dense_attention(q, k, v, mask, scale)
 
 

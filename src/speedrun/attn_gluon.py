@@ -50,13 +50,15 @@ BLOCK = 64  # rows of a query block and of a key block: the 64-token block mask'
 # STAGES: the K/V (or Q/dO) ring's depth; OVERLAP: the forward with the next tile's QKᵀ issued before this
 # tile's PV (`_attn_fwd_overlap_kernel`; measured slower on two cards in the fortieth session: off)
 # Q_REG: the forward's Q loaded once into registers as QKᵀ's A operand rather than read from shared memory
-# by every wgmma (half that product's shared-memory reads; 227 registers, no spills; the same bits out. In
-# the backward, dQ's Q alone would fit (223-235 registers), with dO too it spills under Triton 3.9, and
-# dK/dV already spills 48 bytes under 3.6: docs/performance.md, forty-second session). The model takes
-# OVERLAP and Q_REG from `attention.gluon_overlap` / `gluon_q_regs` (Q_REG on since the forty-first session);
-# CONFIG is the launchers' default for callers that pass none: the plain forward, the one the others are
-# tested against.
-CONFIG = {"STAGES": 2, "num_warps": 4, "OVERLAP": 0, "Q_REG": 0}
+# by every wgmma (half that product's shared-memory reads; 227 registers, no spills; the same bits out).
+# DQ_Q_REG: the same for the dQ kernel's QKᵀ (223-235 registers, no spills; the same bits out). With dO in
+# registers too dQ spills under Triton 3.9, and dK/dV already spills 32-48 bytes under 3.6: no room there
+# (docs/performance.md, forty-second and forty-third sessions). The model takes OVERLAP, Q_REG and DQ_Q_REG
+# from `attention.gluon_overlap` / `gluon_q_regs` / `gluon_dq_q_regs` (Q_REG on since the forty-first
+# session, DQ_Q_REG since the forty-third); CONFIG is the launchers' default for callers that pass none:
+# the plain kernels, the ones the others are tested against. The kernels take the document ids as int64
+# or int32 (`attention.gluon_docs_i32`: int32, fewer registers, the same comparisons).
+CONFIG = {"STAGES": 2, "num_warps": 4, "OVERLAP": 0, "Q_REG": 0, "DQ_Q_REG": 0}
 LN2 = math.log(2.0)
 
 _KERNEL = None
@@ -375,17 +377,17 @@ def _build():
 
     @gluon.jit
     def _dq_tile(k_buf, v_buf, dq, ctx, kb, MASKED: gl.constexpr):
-        """dQ += dS K over one key tile (`_walk`'s tile; ctx (q_smem, do_smem, lse2, delta, qk_scale, rows,
-        docs_ptr)), with P = exp2(S - lse) and dS = P (dO Vᵀ - delta) recomputed (dS rounded to bfloat16 for
+        """dQ += dS K over one key tile (`_walk`'s tile; ctx (q_op, do_smem, lse2, delta, qk_scale, rows,
+        docs_ptr), q_op Q's tile in shared memory or registers), with P = exp2(S - lse) and dS = P (dO Vᵀ - delta) recomputed (dS rounded to bfloat16 for
         the product, as FlexAttention's backward rounds it; dQ's scale later). S and dO Vᵀ are issued
         together (asynchronous), the mask computed while they run."""
-        q_smem, do_smem, lse2, delta, qk_scale, rows, docs_ptr = ctx
+        q_op, do_smem, lse2, delta, qk_scale, rows, docs_ptr = ctx
         s_layout: gl.constexpr = rows.type.layout.parent
         o_layout: gl.constexpr = dq.type.layout
-        BM: gl.constexpr = q_smem.shape[0]
+        BM: gl.constexpr = q_op.shape[0]
         BN: gl.constexpr = k_buf.shape[0]
         zero = gl.zeros([BM, BN], gl.float32, s_layout)
-        qk = warpgroup_mma(q_smem, k_buf.permute((1, 0)), zero, use_acc=False, is_async=True)
+        qk = warpgroup_mma(q_op, k_buf.permute((1, 0)), zero, use_acc=False, is_async=True)
         dp = warpgroup_mma(do_smem, v_buf.permute((1, 0)), zero, use_acc=False, is_async=True)
         if MASKED:
             cols = kb * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
@@ -402,9 +404,10 @@ def _build():
     @gluon.jit
     def _attn_dq_kernel(q_desc, k_desc, v_desc, do_desc, o_desc, dq_desc, lse_ptr, delta_ptr, docs_ptr, kv_num_ptr,
                         kv_idx_ptr, fkv_num_ptr, fkv_idx_ptr, T, nbk, head_rows, head_cols, qk_scale, scale,
-                        STAGES: gl.constexpr, num_warps: gl.constexpr):
+                        STAGES: gl.constexpr, Q_REG: gl.constexpr, num_warps: gl.constexpr):
         """dQ of query block program_id(0), head program_id(1): the forward's walk of the key lists; first
-        delta = rowsum(dO · O) of the block, kept in registers and written for the dK/dV kernel."""
+        delta = rowsum(dO · O) of the block, kept in registers and written for the dK/dV kernel. Q_REG: Q
+        in registers as QKᵀ's A operand (`_a_operand`), as in the forward."""
         BM: gl.constexpr = q_desc.block_type.shape[0]
         D: gl.constexpr = q_desc.block_type.shape[1]
         BN: gl.constexpr = k_desc.block_type.shape[0]
@@ -422,8 +425,9 @@ def _build():
         mbarrier.wait(o_bar, 0)
         delta = _row_dot(do_smem, o_smem, gl.SliceLayout(1, s_layout), num_warps)
         gl.store(delta_ptr + h * T + rows, delta)  # for the dK/dV kernel, launched after this one
+        q_op = _a_operand(q_smem, s_layout, Q_REG)
         dq = _walk(_dq_tile, gl.zeros([BM, D], gl.float32, o_layout),
-                   (q_smem, do_smem, lse2, delta, qk_scale, rows, docs_ptr), n_p, n, row_off, kv_idx_ptr,
+                   (q_op, do_smem, lse2, delta, qk_scale, rows, docs_ptr), n_p, n, row_off, kv_idx_ptr,
                    fkv_idx_ptr, k_desc, v_desc, k_bufs, v_bufs, ready, head_row, col)
         _store_tile(dq * scale, o_smem, dq_desc, head_row + pid_m * BM, col)
 
@@ -605,7 +609,7 @@ def launch_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse:
     kv_num, kv_idx, fkv_num, fkv_idx, q_num, q_idx, fq_num, fq_idx = lists
     kernel["dq"][(t // BLOCK, h)](*descs[:4], o_d, dq_d, lse, delta, docs, kv_num, kv_idx, fkv_num, fkv_idx, t,
                                   kv_idx.shape[1], head_rows, head_cols, qk_scale, scale,
-                                  STAGES=cfg["STAGES"], num_warps=cfg["num_warps"])
+                                  STAGES=cfg["STAGES"], Q_REG=cfg["DQ_Q_REG"], num_warps=cfg["num_warps"])
     kernel["dkdv"][(t // BLOCK, h)](*descs[:4], dk_d, dv_d, lse, delta, docs, q_num, q_idx, fq_num, fq_idx, t,
                                     q_idx.shape[1], head_rows, head_cols, qk_scale, scale,
                                     STAGES=cfg["STAGES"], num_warps=cfg["num_warps"])
@@ -664,49 +668,49 @@ def reference_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, docs: Tensor
 
 @torch.library.custom_op("speedrun::attn_gluon", mutates_args=())
 def attn_gluon_op(q: Tensor, k: Tensor, v: Tensor, docs: Tensor, lists: list[Tensor], scale: float,
-                  overlap: bool, q_regs: bool) -> tuple[Tensor, Tensor]:
-    """(o, lse) of `launch_forward` (overlap, q_regs: CONFIG's OVERLAP and Q_REG); opaque to the compiler,
-    with a fake and an autograd formula."""
+                  overlap: bool, q_regs: bool, dq_q_regs: bool) -> tuple[Tensor, Tensor]:
+    """(o, lse) of `launch_forward` (overlap, q_regs: CONFIG's OVERLAP and Q_REG; dq_q_regs: DQ_Q_REG, for
+    the backward); opaque to the compiler, with a fake and an autograd formula."""
     return launch_forward(q, k, v, docs, tuple(lists), scale, {"OVERLAP": int(overlap), "Q_REG": int(q_regs)})
 
 
 @attn_gluon_op.register_fake
-def _(q, k, v, docs, lists, scale, overlap, q_regs):
+def _(q, k, v, docs, lists, scale, overlap, q_regs, dq_q_regs):
     return _like_q(q), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
 @torch.library.custom_op("speedrun::attn_gluon_backward", mutates_args=())
 def attn_gluon_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, docs: Tensor,
-                        lists: list[Tensor], scale: float) -> tuple[Tensor, Tensor, Tensor]:
-    """(dq, dk, dv) of `launch_backward`."""
-    return launch_backward(do, q, k, v, o, lse, docs, tuple(lists), scale)
+                        lists: list[Tensor], scale: float, dq_q_regs: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """(dq, dk, dv) of `launch_backward` (dq_q_regs: CONFIG's DQ_Q_REG)."""
+    return launch_backward(do, q, k, v, o, lse, docs, tuple(lists), scale, {"DQ_Q_REG": int(dq_q_regs)})
 
 
 @attn_gluon_backward.register_fake
-def _(do, q, k, v, o, lse, docs, lists, scale):
+def _(do, q, k, v, o, lse, docs, lists, scale, dq_q_regs):
     return _like_q(q), _like_q(q), _like_q(q)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, docs, lists, scale, _overlap, _q_regs = inputs
+    q, k, v, docs, lists, scale, _overlap, _q_regs, dq_q_regs = inputs
     ctx.save_for_backward(q, k, v, output[0], output[1], docs, *lists)
-    ctx.scale, ctx.num_lists = scale, len(lists)
+    ctx.scale, ctx.num_lists, ctx.dq_q_regs = scale, len(lists), dq_q_regs
 
 
 def _backward(ctx, do, _dlse):
     q, k, v, o, lse, docs, *lists = ctx.saved_tensors
-    dq, dk, dv = torch.ops.speedrun.attn_gluon_backward(do, q, k, v, o, lse, docs, lists, ctx.scale)
-    return dq, dk, dv, None, [None] * ctx.num_lists, None, None, None
+    dq, dk, dv = torch.ops.speedrun.attn_gluon_backward(do, q, k, v, o, lse, docs, lists, ctx.scale, ctx.dq_q_regs)
+    return dq, dk, dv, None, [None] * ctx.num_lists, None, None, None, None
 
 
 attn_gluon_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, docs: Tensor, lists: tuple[Tensor, ...], scale: float,
-              overlap: bool = False, q_regs: bool = False) -> Tensor:
+              overlap: bool = False, q_regs: bool = False, dq_q_regs: bool = False) -> Tensor:
     """The record's attention output (1, H, T, D) through the Gluon kernels, differentiable in q, k, v;
-    overlap, q_regs: the forward's OVERLAP and Q_REG variants."""
-    return torch.ops.speedrun.attn_gluon(q, k, v, docs, list(lists), scale, overlap, q_regs)[0]
+    overlap, q_regs: the forward's OVERLAP and Q_REG variants; dq_q_regs: the dQ kernel's (DQ_Q_REG)."""
+    return torch.ops.speedrun.attn_gluon(q, k, v, docs, list(lists), scale, overlap, q_regs, dq_q_regs)[0]
 
 
 # --------------------------------------------------------------------------- offline compile (no GPU)
@@ -730,6 +734,8 @@ def compile_offline(which: str = "fwd", cfg: dict | None = None, head_dim: int =
     consts = {"STAGES": cfg["STAGES"], "num_warps": cfg["num_warps"]}
     if which.startswith("fwd"):
         consts["Q_REG"] = cfg["Q_REG"]
+    elif which == "dq":
+        consts["Q_REG"] = cfg["DQ_Q_REG"]
     signature = {}
     for name in kernel.arg_names:
         if name in consts:

@@ -171,6 +171,18 @@ class AttentionConfig:
     # at all eight windows measured; in the training step within the noise (-1.4 and +0.3 ms on two cards,
     # where the forward is about 3% of the step): on.
     gluon_q_regs: bool = True
+    # With backend gluon: the dQ kernel's Q held in registers as its QKᵀ's A operand (attn_gluon's DQ_Q_REG),
+    # as gluon_q_regs does for the forward. 223-235 registers and no spills under Triton 3.6 and 3.9 (the
+    # plain dQ kernel 201-211); the same bits out (a GPU test). Forty-third session, one H200: the backward
+    # replayed from CUDA graphs 1.2-3.4% faster at all eight windows; the step -1.2 ms (-0.7 to -2.3 in four
+    # rounds) and -2.1 J: on.
+    gluon_dq_q_regs: bool = True
+    # With backend gluon: the document ids the kernels compare as int32 rather than the model's int64 (where
+    # the largest id fits: `attention.narrow_ids`). The same masks and bits out (a GPU test); fewer registers
+    # (the forward with Q_REG 202 -> 167 under Triton 3.6, dK/dV's spill 48 -> 32 bytes). Forty-third
+    # session, one H200, from CUDA graphs: the backward 1.2-3.7% and the forward 0.7-1.8% faster at all
+    # eight windows; the step -0.2 to -0.9 ms in three rounds on two machines (-1.2 J): on.
+    gluon_docs_i32: bool = True
     # How the block mask's lists are ordered (block_order.py): "torch" (a stable argsort per list, eight
     # radix sorts a micro-step) | "triton" (one prefix-sum kernel per list, as a custom op) | "auto"
     # (triton on CUDA when installed). The same lists, bit for bit.

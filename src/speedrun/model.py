@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from speedrun.attention import AttentionMasks, document_ids
+from speedrun.attention import AttentionMasks, document_ids, narrow_ids
 from speedrun.config import AttentionConfig, ModelConfig, parse_flex_options
 from speedrun import head as head_ops
 from speedrun import attn_inputs, blas, embeddings, relu2_mlp
@@ -349,10 +349,12 @@ class GPT(nn.Module):
         seg = self.attn_cfg.segment_len
         if seg:
             docs = docs + torch.arange(tokens.numel(), device=tokens.device) // seg * (tokens.numel() + 1)
+        if self.attention_backend == "gluon" and self.attn_cfg.gluon_docs_i32:
+            docs = narrow_ids(docs, tokens.numel() * (tokens.numel() // seg + 2 if seg else 1))
         long, short = self.window_pair(long_blocks)
         return AttentionMasks(docs, long, short, self.attn_cfg.block_size, self.attention_backend,
                               self.flex_options, self.attn_cfg.sparse_block or None, self.attn_cfg.order_kernel,
-                              self.attn_cfg.gluon_overlap, self.attn_cfg.gluon_q_regs)
+                              self.attn_cfg.gluon_overlap, self.attn_cfg.gluon_q_regs, self.attn_cfg.gluon_dq_q_regs)
 
     def positions(self, num_tokens: int, device, offset: int = 0) -> Tensor:
         pos = torch.arange(offset, offset + num_tokens, device=device)
