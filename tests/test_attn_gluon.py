@@ -120,19 +120,24 @@ def test_gpu_q_in_registers_changes_no_bit(cuda, seed, window):
     assert torch.equal(plain[0], in_regs[0]) and torch.equal(plain[1], in_regs[1])
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("seed,window", [(0, 1), (2, 14)])
-def test_gpu_dq_q_in_registers_changes_no_bit(cuda, seed, window):
-    """DQ_Q_REG feeds the dQ kernel's QK^T from registers, as Q_REG does the forward's: dq, dk and dv must
-    equal the plain backward's bit for bit."""
+def _backward_case(seed, window, cuda):
+    """The module, and docs, q, k, v, the block lists and an output gradient at 4,096 tokens on the GPU."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the kernel is for Hopper (sm_90)")
     A = _gluon()
     docs, q, k, v = _case(seed, 4096, cuda)
     mask = flex_block_mask(block_structure(docs, 128), torch.tensor(window, device=cuda, dtype=torch.int32), 128, 64)
-    lists = A.block_lists(mask)
-    o, lse = A.launch_forward(q, k, v, docs, lists, 0.12)
     do = torch.randn(q.shape, device=cuda, generator=torch.Generator(cuda).manual_seed(seed)).bfloat16()
+    return A, docs, q, k, v, A.block_lists(mask), do
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seed,window", [(0, 1), (2, 14)])
+def test_gpu_dq_q_in_registers_changes_no_bit(cuda, seed, window):
+    """DQ_Q_REG feeds the dQ kernel's QK^T from registers, as Q_REG does the forward's: dq, dk and dv must
+    equal the plain backward's bit for bit."""
+    A, docs, q, k, v, lists, do = _backward_case(seed, window, cuda)
+    o, lse = A.launch_forward(q, k, v, docs, lists, 0.12)
     plain = A.launch_backward(do, q, k, v, o, lse, docs, lists, 0.12, {"DQ_Q_REG": 0})
     in_regs = A.launch_backward(do, q, k, v, o, lse, docs, lists, 0.12, {"DQ_Q_REG": 1})
     assert all(torch.equal(a, b) for a, b in zip(plain, in_regs))
@@ -144,13 +149,7 @@ def test_gpu_dq_q_in_registers_changes_no_bit(cuda, seed, window):
 def test_gpu_int32_ids_change_no_bit(cuda, seed, window):
     """The document ids as int32 (`attention.gluon_docs_i32`) make the same comparisons as int64: the
     forward's o and lse and the backward's dq, dk and dv equal bit for bit."""
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the kernel is for Hopper (sm_90)")
-    A = _gluon()
-    docs, q, k, v = _case(seed, 4096, cuda)
-    mask = flex_block_mask(block_structure(docs, 128), torch.tensor(window, device=cuda, dtype=torch.int32), 128, 64)
-    lists = A.block_lists(mask)
-    do = torch.randn(q.shape, device=cuda, generator=torch.Generator(cuda).manual_seed(seed)).bfloat16()
+    A, docs, q, k, v, lists, do = _backward_case(seed, window, cuda)
     got = []
     for ids in (docs.long(), docs.int()):
         o, lse = A.launch_forward(q, k, v, ids, lists, 0.12, {"Q_REG": 1})

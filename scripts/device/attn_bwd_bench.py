@@ -29,16 +29,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from attn_gluon_bench import GRAPH_CALLS, graphed  # noqa: E402
+from attn_gluon_bench import D, GRAPH_CALLS, H, SCALE, T, graphed, record_inputs  # noqa: E402
 from energy_parts import WINDOWS, energy_of  # noqa: E402
 
 from speedrun import attn_gluon  # noqa: E402
-from speedrun import energy_counter as ec  # noqa: E402
-from speedrun import gpu_clocks as gc  # noqa: E402
-from speedrun.attention import block_structure, document_ids, flex_block_mask  # noqa: E402
-from speedrun.shards import read_shard  # noqa: E402
+from speedrun.attention import flex_block_mask  # noqa: E402
 
-T, H, D, SCALE = 49_152, 6, 128, 0.12
 BWD_ARMS = {"bwd": (0, False), "bwd_dqreg": (1, False), "bwd_i32": (0, True), "bwd_dqreg_i32": (1, True)}
 FWD_ARMS = {"fwd": False, "fwd_i32": True}
 
@@ -90,17 +86,10 @@ def summary(times: dict[str, list[dict]]) -> dict[str, dict]:
 
 
 def main(data_dir: str, out: str, seconds: float = 1.0, rounds: int = 3) -> None:
-    dev = torch.device("cuda")
-    uuid = gc.device_uuid(dev)
-    counter = ec.open_counter(uuid)
-    files = sorted(Path(data_dir).glob("fineweb_train_*.bin")) or sorted(Path(data_dir).glob("*.bin"))
-    docs = document_ids(torch.from_numpy(read_shard(files[0])[:T].astype("int64"))).to(dev)
-    s = block_structure(docs, 128)
-    g = torch.Generator(device=dev).manual_seed(0)
-    q, k, v, go = (torch.randn(1, T, H, D, device=dev, dtype=torch.bfloat16, generator=g).transpose(1, 2)
-                   for _ in range(4))
+    dev, uuid, counter, shard, docs, s, g, q, k, v = record_inputs(data_dir)
+    go = torch.randn(1, T, H, D, device=dev, dtype=torch.bfloat16, generator=g).transpose(1, 2)
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "tokens": T, "seconds": seconds,
-           "rounds": rounds, "graph_calls": GRAPH_CALLS, "data": files[0].name, "docs_dtype": str(docs.dtype),
+           "rounds": rounds, "graph_calls": GRAPH_CALLS, "data": shard, "docs_dtype": str(docs.dtype),
            "windows": {}}
     for w in WINDOWS:
         for kind, win in (("long", w), ("short", max(w // 2, 1))):

@@ -64,22 +64,28 @@ def flop_factor(name: str) -> float:
     return 3.5 if base.endswith("_fb") else 2.5 if base.endswith("bwd") else 1.0
 
 
-def main(data_dir: str, out: str, seconds: float = 2.0, stages=(2,)) -> None:
+def record_inputs(data_dir: str):
+    """(device, its uuid, its energy counter, the shard's name, docs, their block structure, the generator,
+    q, k, v): the documents of the first training shard's first T tokens, q, k, v random from the
+    generator (seeded 0; it goes on for whatever else the caller draws) in the model's (1, T, H, D) memory."""
     dev = torch.device("cuda")
     uuid = gc.device_uuid(dev)
-    counter = ec.open_counter(uuid)
     files = sorted(Path(data_dir).glob("fineweb_train_*.bin")) or sorted(Path(data_dir).glob("*.bin"))
     docs = document_ids(torch.from_numpy(read_shard(files[0])[:T].astype("int64"))).to(dev)
-    s = block_structure(docs, 128)
     g = torch.Generator(device=dev).manual_seed(0)
     q, k, v = (torch.randn(1, T, H, D, device=dev, dtype=torch.bfloat16, generator=g).transpose(1, 2) for _ in range(3))
+    return dev, uuid, ec.open_counter(uuid), files[0].name, docs, block_structure(docs, 128), g, q, k, v
+
+
+def main(data_dir: str, out: str, seconds: float = 2.0, stages=(2,)) -> None:
+    dev, uuid, counter, shard, docs, s, g, q, k, v = record_inputs(data_dir)
     options = parse_flex_options(AttentionConfig().flex_options)
     from speedrun.flex_tiles import use_sparse_block
 
     use_sparse_block(64, 128, dev)  # the backward's tile choices on the 64-token mask, as the model installs them
     flex = _compiled_flex()
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "tokens": T, "seconds": seconds,
-           "data": files[0].name, "flex_options": options, "rows": {}}
+           "data": shard, "flex_options": options, "rows": {}}
     for w in WINDOWS:
         for kind, win in (("long", w), ("short", max(w // 2, 1))):
             wt = torch.tensor(win, device=dev, dtype=torch.int32)
