@@ -1,4 +1,7 @@
 # Sourced by the device scripts: environment, proxy corpus, results folder.
+# A held machine goes back after 30 s idle (status' idle_release_s, forty-third session) and a fresh one
+# starts with empty caches: run a whole measurement in one call, results into $OUT before it returns
+# (the modes end with `wait 1` for that), rather than a background queue followed across calls.
 # NVLink multicast stays off (shared hosts); Python output unbuffered.
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
