@@ -4,8 +4,9 @@ to the kernels' source leaves what runs on the GPU untouched.
 usage: PYTHONPATH=src python3 scripts/attn_gluon_ptx.py DIR [REFERENCE_DIR]
 
 Writes one DIR/<kernel>-s<STAGES>-q<Q_REG>-<docs dtype>.ptx per variant (the forward at both ring depths
-and with Q in registers, its OVERLAP form, dQ at both depths and with Q in registers (DQ_Q_REG), dK/dV;
-docs as int64 and int32), stripped of
+and with Q in registers, its OVERLAP form, dQ at both depths and with Q in registers (DQ_Q_REG), dK/dV
+plain and with lse, delta and ids through shared memory (DKDV_SMEM, named q1); docs as int64 and int32),
+stripped of
 what only debugging reads: `.loc` / `.file` lines, comments, the debug sections and the `$L__tmpN:` labels
 that mark source lines. With REFERENCE_DIR (an earlier run's DIR, e.g. from the commit before the change),
 compares the two file by file and exits 1 if any differs.
@@ -24,7 +25,7 @@ from speedrun import attn_gluon as A
 from speedrun.relu2_gluon import resource_usage
 
 VARIANTS = [("fwd", 2, 0), ("fwd", 3, 0), ("fwd", 2, 1), ("fwd_overlap", 2, 0), ("fwd_overlap", 2, 1),
-            ("dq", 2, 0), ("dq", 3, 0), ("dq", 2, 1), ("dkdv", 2, 0)]
+            ("dq", 2, 0), ("dq", 3, 0), ("dq", 2, 1), ("dkdv", 2, 0), ("dkdv", 2, 1)]
 _DEBUG_LINE = re.compile(r"\s*(\.loc|\.file|//)|\$L__tmp\d+:$")
 
 
@@ -42,7 +43,8 @@ def dump(out: Path) -> list[str]:
     lines = []
     for docs in ("i64", "i32"):
         for which, stages, q_reg in VARIANTS:
-            kernel = A.compile_offline(which, {"STAGES": stages, "Q_REG": q_reg, "DQ_Q_REG": q_reg},
+            kernel = A.compile_offline(which, {"STAGES": stages, "Q_REG": q_reg, "DQ_Q_REG": q_reg,
+                                                 "DKDV_SMEM": q_reg},
                                        docs_dtype=docs)
             name = f"{which}-s{stages}-q{q_reg}-{docs}"
             (out / f"{name}.ptx").write_text(plain_ptx(kernel.asm["ptx"]))

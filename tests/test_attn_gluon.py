@@ -25,17 +25,18 @@ def _gluon():
 
 
 @pytest.mark.parametrize("which,stages,q_reg", [("fwd", 2, 0), ("fwd", 3, 0), ("fwd", 2, 1), ("fwd_overlap", 2, 0),
-                                               ("dq", 2, 0), ("dq", 2, 1), ("dkdv", 2, 0)])
+                                               ("dq", 2, 0), ("dq", 2, 1), ("dkdv", 2, 0),
+                                               ("dkdv", 2, 1)])
 def test_compiles_for_hopper_without_spills(which, stages, q_reg):
     """The forward at both ring depths, with Q in registers (Q_REG), its OVERLAP variant and the two backward
-    kernels (dQ with and without Q in registers, DQ_Q_REG) compile for sm_90
-    with no local memory; two stages leave room for two programs an SM (227 KB), and the products are wgmma, the loads
+    kernels (dQ with and without Q in registers, DQ_Q_REG; dK/dV plain and with lse, delta and ids through
+    shared memory, DKDV_SMEM) compile for sm_90 with no local memory; two stages leave room for two programs an SM (227 KB), and the products are wgmma, the loads
     TMA, the exponentials ex2. Under the Triton installed here: the GPU machine's Triton 3.6 spills 48 bytes in dK/dV
     (scripts/attn_gluon_ptx.py shows it; docs/performance.md)."""
     A = _gluon()
     from speedrun.relu2_gluon import resource_usage
 
-    kernel = A.compile_offline(which, {"STAGES": stages, "Q_REG": q_reg, "DQ_Q_REG": q_reg})
+    kernel = A.compile_offline(which, {"STAGES": stages, "Q_REG": q_reg, "DQ_Q_REG": q_reg, "DKDV_SMEM": q_reg})
     usage = resource_usage(kernel.asm["cubin"])
     assert usage.get("LOCAL", 0) == 0 and usage.get("STACK", 0) == 0, usage
     assert kernel.metadata.shared <= (113 if stages == 2 else 227) * 1024, kernel.metadata.shared
@@ -142,6 +143,20 @@ def test_gpu_dq_q_in_registers_changes_no_bit(cuda, seed, window):
     in_regs = A.launch_backward(do, q, k, v, o, lse, docs, lists, 0.12, {"DQ_Q_REG": 1})
     assert all(torch.equal(a, b) for a, b in zip(plain, in_regs))
     assert plain[0].abs().max().item() > 0  # a gradient that is there to compare
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seed,window,ids", [(0, 1, torch.int64), (2, 14, torch.int32), (1, 6, torch.int32)])
+def test_gpu_dkdv_through_shared_memory_changes_no_bit(cuda, seed, window, ids):
+    """DKDV_SMEM stages each query tile's lse, delta and document ids through shared memory and writes the
+    causal test relative to the tile: dq, dk and dv must equal the plain backward's bit for bit."""
+    A, docs, q, k, v, lists, do = _backward_case(seed, window, cuda)
+    docs = docs.to(ids)
+    o, lse = A.launch_forward(q, k, v, docs, lists, 0.12)
+    plain = A.launch_backward(do, q, k, v, o, lse, docs, lists, 0.12, {"DKDV_SMEM": 0})
+    staged = A.launch_backward(do, q, k, v, o, lse, docs, lists, 0.12, {"DKDV_SMEM": 1})
+    assert all(torch.equal(a, b) for a, b in zip(plain, staged))
+    assert plain[1].abs().max().item() > 0 and plain[2].abs().max().item() > 0
 
 
 @pytest.mark.gpu
@@ -301,12 +316,12 @@ def test_op_autograd_and_fake_on_the_cpu(monkeypatch):
     w = torch.tensor(3, dtype=torch.int32)
     go = torch.randn(q.shape, generator=torch.Generator().manual_seed(0))
 
-    def run(backend, compiled, overlap=False, q_regs=False, dq_q_regs=False):
+    def run(backend, compiled, overlap=False, q_regs=False, dq_q_regs=False, dkdv_smem=False):
         qkv = [x.clone().requires_grad_() for x in (q, k, v)]
 
         def attend(a, b, c):
             masks = AttentionMasks(docs, w, w // 2, 128, backend, None, 64, gluon_overlap=overlap,
-                                   gluon_q_regs=q_regs, gluon_dq_q_regs=dq_q_regs)
+                                   gluon_q_regs=q_regs, gluon_dq_q_regs=dq_q_regs, gluon_dkdv_smem=dkdv_smem)
             return masks.attend(a, b, c, True, 0.12)
 
         fn = torch.compile(attend, backend="aot_eager", fullgraph=True) if compiled else attend
@@ -314,15 +329,18 @@ def test_op_autograd_and_fake_on_the_cpu(monkeypatch):
         return out, torch.autograd.grad(out, qkv, go)
 
     ref_out, ref_grads = run("dense", False)
-    for compiled, overlap, q_regs, dq_q_regs in ((False, False, False, False), (True, False, False, False),
-                                                 (False, True, False, True), (True, False, True, True)):
+    for compiled, overlap, q_regs, dq_q_regs, smem in ((False, False, False, False, False),
+                                                       (True, False, False, False, True),
+                                                       (False, True, False, True, False),
+                                                       (True, False, True, True, True)):
         seen.clear()
-        out, grads = run("gluon", compiled, overlap, q_regs, dq_q_regs)
+        out, grads = run("gluon", compiled, overlap, q_regs, dq_q_regs, smem)
         assert torch.allclose(out, ref_out, atol=1e-5)
         for g, r in zip(grads, ref_grads):
             assert torch.allclose(g, r, atol=1e-4)
         # the options reach the launchers: the forward's, then the backward's
-        assert seen == [{"OVERLAP": int(overlap), "Q_REG": int(q_regs)}, {"DQ_Q_REG": int(dq_q_regs)}]
+        assert seen == [{"OVERLAP": int(overlap), "Q_REG": int(q_regs)},
+                        {"DQ_Q_REG": int(dq_q_regs), "DKDV_SMEM": int(smem)}]
 
 
 def test_narrow_ids_only_where_the_largest_id_fits():
@@ -346,9 +364,10 @@ def test_kernels_are_where_the_portable_cache_looks():
 
 
 def test_model_hands_the_configs_kernel_variants_to_the_launchers(monkeypatch):
-    """The model reads `attention.gluon_overlap` / `gluon_q_regs` / `gluon_dq_q_regs` / `gluon_docs_i32`
-    from its config for every Gluon call, forward and backward: the defaults (Q_REG on since the forty-first
-    session, DQ_Q_REG and int32 ids since the forty-third) and configs that turn them around."""
+    """The model reads `attention.gluon_overlap` / `gluon_q_regs` / `gluon_dq_q_regs` / `gluon_dkdv_smem` /
+    `gluon_docs_i32` from its config for every Gluon call, forward and backward: the defaults (Q_REG on since
+    the forty-first session, DQ_Q_REG and int32 ids since the forty-third, DKDV_SMEM since the forty-fourth)
+    and configs that turn them around."""
     from speedrun import attn_gluon as A
     from speedrun.config import AttentionConfig, ModelConfig
     from speedrun.model import GPT
@@ -372,10 +391,14 @@ def test_model_hands_the_configs_kernel_variants_to_the_launchers(monkeypatch):
     tokens = torch.randint(0, 300, (256,), generator=torch.Generator().manual_seed(0))
     i64, i32 = torch.int64, torch.int32
     for attn, want, want_bwd in (
-            (AttentionConfig(), {"OVERLAP": 0, "Q_REG": 1, "docs": i32}, {"DQ_Q_REG": 1, "docs": i32}),
-            (AttentionConfig(gluon_overlap=True, gluon_q_regs=False, gluon_dq_q_regs=False, gluon_docs_i32=False),
-             {"OVERLAP": 1, "Q_REG": 0, "docs": i64}, {"DQ_Q_REG": 0, "docs": i64}),
-            (AttentionConfig(segment_len=64), {"OVERLAP": 0, "Q_REG": 1, "docs": i32}, {"DQ_Q_REG": 1, "docs": i32})):
+            (AttentionConfig(), {"OVERLAP": 0, "Q_REG": 1, "docs": i32}, {"DQ_Q_REG": 1, "DKDV_SMEM": 1, "docs": i32}),
+            (AttentionConfig(gluon_overlap=True, gluon_q_regs=False, gluon_dq_q_regs=False, gluon_dkdv_smem=False,
+                             gluon_docs_i32=False),
+             {"OVERLAP": 1, "Q_REG": 0, "docs": i64}, {"DQ_Q_REG": 0, "DKDV_SMEM": 0, "docs": i64}),
+            (AttentionConfig(gluon_dq_q_regs=False),
+             {"OVERLAP": 0, "Q_REG": 1, "docs": i32}, {"DQ_Q_REG": 0, "DKDV_SMEM": 1, "docs": i32}),
+            (AttentionConfig(segment_len=64), {"OVERLAP": 0, "Q_REG": 1, "docs": i32},
+             {"DQ_Q_REG": 1, "DKDV_SMEM": 1, "docs": i32})):
         seen.clear()
         model = GPT(cfg, attn)
         model.attention_backend = "gluon"

@@ -1,7 +1,7 @@
 """The Gluon attention's kernel variants that change no bit, timed against each other from CUDA graphs:
 dQ with Q in registers (DQ_Q_REG) and the document ids as int32 rather than the model's int64.
 
-usage: PYTHONPATH=src python3 scripts/device/attn_bwd_bench.py DATA_DIR OUT.json [SECONDS] [ROUNDS]
+usage: PYTHONPATH=src python3 scripts/device/attn_bwd_bench.py DATA_DIR OUT.json [SECONDS] [ROUNDS] [ARM,...]
 
 Why: offline (scripts/attn_gluon_ptx.py, forty-second session) DQ_Q_REG needs 223-235 registers against
 201-211 and no stack, and int32 ids take the forward with Q_REG from 202 to 167 registers and the dK/dV
@@ -18,7 +18,9 @@ on all arms alike), SECONDS each after a second of warm-up, on the card's energy
 arm's. Writes OUT.json after every window.
 
 Arms: `bwd` the backward as the model runs it by default (int64 ids), `bwd_dqreg` with DQ_Q_REG, `bwd_i32`
-with int32 ids, `bwd_dqreg_i32` both; `fwd` the default forward (Q_REG, int64 ids) and `fwd_i32`.
+with int32 ids, `bwd_dqreg_i32` both; `bwd_smem` and `bwd_smem_i32` with DQ_Q_REG and dK/dV's lse, delta and
+ids through shared memory (DKDV_SMEM; Triton 3.6: 8 and 0 B stack against 48 and 32); `fwd` the default
+forward (Q_REG, int64 ids) and `fwd_i32`. ARM,...: only those arms (and the plain `bwd`, `fwd`).
 """
 
 import json
@@ -35,19 +37,26 @@ from energy_parts import WINDOWS, energy_of  # noqa: E402
 from speedrun import attn_gluon  # noqa: E402
 from speedrun.attention import flex_block_mask  # noqa: E402
 
-BWD_ARMS = {"bwd": (0, False), "bwd_dqreg": (1, False), "bwd_i32": (0, True), "bwd_dqreg_i32": (1, True)}
+# name -> (DQ_Q_REG, int32 ids, DKDV_SMEM)
+BWD_ARMS = {"bwd": (0, False, 0), "bwd_dqreg": (1, False, 0), "bwd_i32": (0, True, 0), "bwd_dqreg_i32": (1, True, 0),
+            "bwd_smem": (1, False, 1), "bwd_smem_i32": (1, True, 1)}
 FWD_ARMS = {"fwd": False, "fwd_i32": True}
 
 
-def arms(q, k, v, go, docs, lists):
-    """name -> a call of that arm (no arguments; returns its outputs)."""
+def arms(q, k, v, go, docs, lists, names=None):
+    """name -> a call of that arm (no arguments; returns its outputs): those of `names` (all when None) and
+    the plain arms the ratios are to."""
     docs32 = docs.to(torch.int32)
     o, lse = attn_gluon.launch_forward(q, k, v, docs, lists, SCALE, {"Q_REG": 1})
     fns = {}
-    for name, (dq_reg, i32) in BWD_ARMS.items():
-        fns[name] = lambda dq_reg=dq_reg, d=(docs32 if i32 else docs): attn_gluon.launch_backward(
-            go, q, k, v, o, lse, d, lists, SCALE, {"DQ_Q_REG": dq_reg})
+    keep = lambda name: names is None or name in names or name in ("bwd", "fwd")  # noqa: E731
+    for name, (dq_reg, i32, smem) in BWD_ARMS.items():
+        if keep(name):
+            fns[name] = lambda dq_reg=dq_reg, d=(docs32 if i32 else docs), smem=smem: attn_gluon.launch_backward(
+                go, q, k, v, o, lse, d, lists, SCALE, {"DQ_Q_REG": dq_reg, "DKDV_SMEM": smem})
     for name, i32 in FWD_ARMS.items():
+        if not keep(name):
+            continue
         fns[name] = lambda d=(docs32 if i32 else docs): attn_gluon.launch_forward(q, k, v, d, lists, SCALE,
                                                                                   {"Q_REG": 1})
     return fns
@@ -85,7 +94,7 @@ def summary(times: dict[str, list[dict]]) -> dict[str, dict]:
     return med
 
 
-def main(data_dir: str, out: str, seconds: float = 1.0, rounds: int = 3) -> None:
+def main(data_dir: str, out: str, seconds: float = 1.0, rounds: int = 3, names=None) -> None:
     dev, uuid, counter, shard, docs, s, g, q, k, v = record_inputs(data_dir)
     go = torch.randn(1, T, H, D, device=dev, dtype=torch.bfloat16, generator=g).transpose(1, 2)
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "tokens": T, "seconds": seconds,
@@ -94,7 +103,7 @@ def main(data_dir: str, out: str, seconds: float = 1.0, rounds: int = 3) -> None
     for w in WINDOWS:
         for kind, win in (("long", w), ("short", max(w // 2, 1))):
             mask = flex_block_mask(s, torch.tensor(win, device=dev, dtype=torch.int32), 128, 64)
-            fns = arms(q, k, v, go, docs, attn_gluon.block_lists(mask))
+            fns = arms(q, k, v, go, docs, attn_gluon.block_lists(mask), names)
             bits = same_bits(fns)
             graphs = {n: graphed(fn) for n, fn in fns.items()}
             med = summary(timed_rounds(graphs, counter, uuid, seconds, rounds))
@@ -108,4 +117,5 @@ def main(data_dir: str, out: str, seconds: float = 1.0, rounds: int = 3) -> None
 
 if __name__ == "__main__":
     a = sys.argv[1:]
-    main(a[0], a[1], float(a[2]) if len(a) > 2 else 1.0, int(a[3]) if len(a) > 3 else 3)
+    main(a[0], a[1], float(a[2]) if len(a) > 2 else 1.0, int(a[3]) if len(a) > 3 else 3,
+         a[4].split(",") if len(a) > 4 else None)

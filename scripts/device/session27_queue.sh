@@ -35,9 +35,9 @@ PY
 two_queue() {
   bytecode_on
   clocks_log clocks.csv
-  ab_on 0 one0 ab-one0 fresh &
-  ab_on 1 one1 ab-one1 fresh &
-  wait
+  ab_on 0 one0 ab-one0 fresh & local p0=$!
+  ab_on 1 one1 ab-one1 fresh & local p1=$!
+  wait $p0 $p1  # not a bare `wait`: clocks_log's nvidia-smi runs in the background until the machine goes
   export CUDA_VISIBLE_DEVICES=0,1
   bench2 two-a --steps 10 --repeats 3
   bench2 two-b --steps 10 --repeats 3

@@ -6,7 +6,8 @@
 #   ab ROUNDS [ARM...]  `speedrun bench` of proxy212 on the proxy shards carried, the arms in turns (AB_ARGS:
 #              def, flex, gluon, overlap, graphs (train.cudagraphs), qreg / noqreg (attention.gluon_q_regs on
 #              / off; on by default since the forty-first session), dqreg / nodqreg (attention.gluon_dq_q_regs
-#              on / off; on since the forty-third), i32 (attention.gluon_docs_i32 on);
+#              on / off; on since the forty-third), i32 (attention.gluon_docs_i32 on), smem / nosmem
+#              (attention.gluon_dkdv_smem on / off; on since the forty-fourth);
 #              default
 #              def and gluon: in the thirty-ninth session `def` was FlexAttention, since then `auto` picks
 #              gluon on Hopper), ROUNDS rounds, each arm on its own compiler cache
@@ -18,8 +19,9 @@
 #              [attn-host.txt] [all.done, q.log]; needs no data
 #   fullab ARM...  proxy212 runs one after the other, ARM def or one of FULL_ARGS (session38_queue.sh's fullab)
 #                  [full.done, q-full.log]; a call carrying shards 3-4 after one that kept the others
-#   bwd        (forty-third session) the attention GPU tests, then scripts/device/attn_bwd_bench.py (DQ_Q_REG
-#              and int32 document ids against the defaults, from CUDA graphs, 3 rounds in turns)
+#   bwd [ARM,...]  (forty-third session) the attention GPU tests, then scripts/device/attn_bwd_bench.py (DQ_Q_REG,
+#              int32 document ids, DKDV_SMEM against the defaults, from CUDA graphs, 3 rounds in turns; only
+#              the arms named, with the plain ones, when given)
 #              [gpu-tests-attn.log, attn-bwd.json, attn-bwd.log] [all.done, q.log]
 #   wait S [D [LOG]]  follow until $RES/D.done or S seconds; tar results into $OUT
 # Carry [".proxy"]: shards 1-2 and val first (1-3 and val until the forty-first session; the tree has grown
@@ -50,7 +52,9 @@ declare -A AB_ARGS=([def]="" [flex]="--set attention.backend=flex" [gluon]="--se
                     [noqreg]="--set attention.backend=gluon --set attention.gluon_q_regs=false"
                     [dqreg]="--set attention.backend=gluon --set attention.gluon_dq_q_regs=true"
                     [nodqreg]="--set attention.backend=gluon --set attention.gluon_dq_q_regs=false"
-                    [i32]="--set attention.backend=gluon --set attention.gluon_docs_i32=true")
+                    [i32]="--set attention.backend=gluon --set attention.gluon_docs_i32=true"
+                    [smem]="--set attention.backend=gluon --set attention.gluon_dkdv_smem=true"
+                    [nosmem]="--set attention.backend=gluon --set attention.gluon_dkdv_smem=false")
 
 ab_queue() {  # ab_queue ROUNDS [ARM...]: the arms (AB_ARGS; default: def and gluon) in turns, ROUNDS rounds
   measure_start
@@ -85,11 +89,11 @@ case "${1:-}" in
          touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
   attn) shift; check_start; ( attn_queue "$@"; touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
   suite) check_start; ( suite_per_file 240; touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
-  bwd) check_start; ( gpu_tests attn 240 tests/test_attn_gluon.py
+  bwd) sel=${2:-}; check_start; ( gpu_tests attn 240 tests/test_attn_gluon.py
        grep -E "Error|assert|passed|failed" "$RES/gpu-tests-attn.log" | head -30
        measure_start
        PYTHONPATH=src timeout 330 python3 scripts/device/attn_bwd_bench.py .proxy "$RES/attn-bwd.json" 0.7 3 \
-         > "$RES/attn-bwd.log" 2>&1
+         $sel > "$RES/attn-bwd.log" 2>&1
        echo "$(date +%T) bwd bench: exit $?"; cat "$RES/attn-bwd.log"
        touch "$RES/all.done" ) > "$RES/q.log" 2>&1 ;;
   host) queue_start; ( PYTHONPATH=src timeout 200 python3 scripts/device/attn_gluon_host.py "$RES/attn-host.txt" 200

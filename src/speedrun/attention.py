@@ -237,9 +237,10 @@ class AttentionMasks:
 
     def __init__(self, docs: Tensor, long_blocks: Tensor, short_blocks: Tensor, block_size: int, backend: str,
                  flex_options: dict | None = None, sparse_block: int | None = None, order_kernel: str = "auto",
-                 gluon_overlap: bool = False, gluon_q_regs: bool = False, gluon_dq_q_regs: bool = False):
+                 gluon_overlap: bool = False, gluon_q_regs: bool = False, gluon_dq_q_regs: bool = False,
+                 gluon_dkdv_smem: bool = False):
         self.backend = backend
-        self.gluon_variants = (gluon_overlap, gluon_q_regs, gluon_dq_q_regs)
+        self.gluon_variants = (gluon_overlap, gluon_q_regs, gluon_dq_q_regs, gluon_dkdv_smem)
         self.flex_options = dict(flex_options) if flex_options else None
         if backend in ("flex", "gluon"):
             s = block_structure(docs, block_size)

@@ -52,18 +52,22 @@ BLOCK = 64  # rows of a query block and of a key block: the 64-token block mask'
 # Q_REG: the forward's Q loaded once into registers as QKᵀ's A operand rather than read from shared memory
 # by every wgmma (half that product's shared-memory reads; 227 registers, no spills; the same bits out).
 # DQ_Q_REG: the same for the dQ kernel's QKᵀ (223-235 registers, no spills; the same bits out). With dO in
-# registers too dQ spills under Triton 3.9, and dK/dV already spills 32-48 bytes under 3.6: no room there
-# (docs/performance.md, forty-second and forty-third sessions). The model takes OVERLAP, Q_REG and DQ_Q_REG
-# from `attention.gluon_overlap` / `gluon_q_regs` / `gluon_dq_q_regs` (Q_REG on since the forty-first
-# session, DQ_Q_REG since the forty-third); CONFIG is the launchers' default for callers that pass none:
+# registers too dQ spills under Triton 3.9 (docs/performance.md, forty-second and forty-third sessions).
+# DKDV_SMEM: the dK/dV kernel with each query tile's lse, delta and ids through shared memory
+# (`_dkdv_tile_smem`): no spill under Triton 3.6 with int32 ids (32 bytes in the plain kernel), the same
+# bits out, 2.6-5.5% off the backward (forty-fourth session). The model takes OVERLAP, Q_REG, DQ_Q_REG and
+# DKDV_SMEM from `attention.gluon_overlap` / `gluon_q_regs` / `gluon_dq_q_regs` / `gluon_dkdv_smem` (Q_REG
+# on since the forty-first session, DQ_Q_REG since the forty-third, DKDV_SMEM since the forty-fourth);
+# CONFIG is the launchers' default for callers that pass none:
 # the plain kernels, the ones the others are tested against. The kernels take the document ids as int64
 # or int32 (`attention.gluon_docs_i32`: int32, fewer registers, the same comparisons).
-CONFIG = {"STAGES": 2, "num_warps": 4, "OVERLAP": 0, "Q_REG": 0, "DQ_Q_REG": 0}
+CONFIG = {"STAGES": 2, "num_warps": 4, "OVERLAP": 0, "Q_REG": 0, "DQ_Q_REG": 0, "DKDV_SMEM": 0}
 LN2 = math.log(2.0)
 
 _KERNEL = None
 gluon = gl = tma = mbarrier = fence_async_shared = warpgroup_mma = warpgroup_mma_wait = tma_load = tma_store = None
 _kv_block = _issue_kv = _tile = _ring = _load_pair = _store_tile = _visible = _dq_tile = _dkdv_tile = _load_one = _row_dot = None
+_dkdv_tile_smem = None
 _fwd_kernel = _dq_kernel = _dkdv_kernel = _fwd_overlap_kernel = _scores = _walk_start = _wait_slot = _program = None
 _walk = _a_operand = _mma_layout = None
 
@@ -78,6 +82,7 @@ def _build():
     modules through this module's globals."""
     global _KERNEL, gluon, gl, tma, mbarrier, fence_async_shared, warpgroup_mma, warpgroup_mma_wait, tma_load, tma_store
     global _kv_block, _issue_kv, _walk, _tile, _ring, _load_pair, _store_tile, _visible, _dq_tile, _dkdv_tile, _load_one, _row_dot
+    global _dkdv_tile_smem
     global _fwd_kernel, _dq_kernel, _dkdv_kernel, _fwd_overlap_kernel, _scores, _walk_start, _wait_slot, _program
     global _a_operand, _mma_layout
     if _KERNEL is not None:
@@ -465,11 +470,52 @@ def _build():
         return dk, dv
 
     @gluon.jit
+    def _dkdv_tile_smem(q_buf, do_buf, acc, ctx, qb, MASKED: gl.constexpr):
+        """`_dkdv_tile` with the tile's 64 lse, delta (and query doc ids) loaded one a thread into shared memory
+        while Sᵀ and dPᵀ run, each read back in the products' layout only where it is used (DKDV_SMEM); ctx
+        (k_smem, v_smem, qk_scale, rows, lse_ptr, delta_ptr, docs_ptr, lse_smem, delta_smem, doc_smem), lse_ptr
+        and delta_ptr at the head's first row. Held in registers from the load, those values cost each
+        thread 16 registers across the products and Triton 3.6 spilled; the arithmetic is `_dkdv_tile`'s."""
+        dk, dv = acc
+        k_smem, v_smem, qk_scale, rows, lse_ptr, delta_ptr, docs_ptr, lse_smem, delta_smem, doc_smem = ctx
+        s_layout: gl.constexpr = rows.type.layout.parent
+        o_layout: gl.constexpr = dk.type.layout
+        BN: gl.constexpr = k_smem.shape[0]
+        BM: gl.constexpr = q_buf.shape[0]
+        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
+        zero = gl.zeros([BN, BM], gl.float32, s_layout)
+        st = warpgroup_mma(k_smem, q_buf.permute((1, 0)), zero, use_acc=False, is_async=True)
+        dpt = warpgroup_mma(v_smem, do_buf.permute((1, 0)), zero, use_acc=False, is_async=True)
+        one_each = qb * BM + gl.arange(0, BM, layout=gl.BlockedLayout([1], [32], [gl.num_warps()], [0]))
+        lse_smem.store(gl.load(lse_ptr + one_each))  # natural log: the log2(e) product stays at its use
+        delta_smem.store(gl.load(delta_ptr + one_each))
+        if MASKED:
+            doc_smem.store(gl.load(docs_ptr + one_each))
+        st = warpgroup_mma_wait(1, deps=(st, )) * qk_scale
+        if MASKED:  # `_visible` transposed, its causal test as column - qb·BM >= row - qb·BM
+            doc_k = gl.load(docs_ptr + rows)
+            doc_q = doc_smem.load(col_layout)
+            ok = (gl.arange(0, BM, layout=col_layout)[None, :] >= (rows - qb * BM)[:, None]) & (
+                doc_q[None, :] == doc_k[:, None])
+            st = gl.where(ok, st, -float("inf"))
+        lse2 = lse_smem.load(col_layout) * 1.4426950408889634
+        pt = gl.exp2(st - lse2[None, :])
+        dv = warpgroup_mma(gl.convert_layout(pt.to(gl.bfloat16), a_layout), do_buf, dv, is_async=True)
+        dpt = warpgroup_mma_wait(1, deps=(dpt, ))
+        delta = delta_smem.load(col_layout)
+        dst = gl.convert_layout((pt * (dpt - delta[None, :])).to(gl.bfloat16), a_layout)
+        dk = warpgroup_mma(dst, q_buf, dk, is_async=True)
+        dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))
+        return dk, dv
+
+    @gluon.jit
     def _attn_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, docs_ptr,
                           q_num_ptr, q_idx_ptr, fq_num_ptr, fq_idx_ptr, T, nbq, head_rows, head_cols, qk_scale,
-                          scale, STAGES: gl.constexpr, num_warps: gl.constexpr):
+                          scale, STAGES: gl.constexpr, SMEM: gl.constexpr, num_warps: gl.constexpr):
         """dK and dV of key block program_id(0), head program_id(1): a walk of the query blocks that see it
-        (the block mask's q lists: partial, then full), Q and dO through the ring."""
+        (the block mask's q lists: partial, then full), Q and dO through the ring; SMEM: each tile's lse,
+        delta and ids through shared memory (`_dkdv_tile_smem`)."""
         BN: gl.constexpr = k_desc.block_type.shape[0]
         D: gl.constexpr = k_desc.block_type.shape[1]
         BM: gl.constexpr = q_desc.block_type.shape[0]
@@ -483,10 +529,20 @@ def _build():
         rows = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, s_layout))
         dk = gl.zeros([BN, D], gl.float32, o_layout)
         dv = gl.zeros([BN, D], gl.float32, o_layout)
-        mbarrier.wait(kv_bar, 0)
-        dk, dv = _walk(_dkdv_tile, (dk, dv), (k_smem, v_smem, qk_scale, rows, lse_ptr, delta_ptr, docs_ptr, h, T),
-                       n_p, n, row_off, q_idx_ptr, fq_idx_ptr, q_desc, do_desc, q_bufs, do_bufs, ready, head_row,
-                       col)
+        if SMEM:
+            vec_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+            ctx = (k_smem, v_smem, qk_scale, rows, lse_ptr + h * T, delta_ptr + h * T, docs_ptr,
+                   gl.allocate_shared_memory(gl.float32, [BM], vec_layout),
+                   gl.allocate_shared_memory(gl.float32, [BM], vec_layout),
+                   gl.allocate_shared_memory(docs_ptr.dtype.element_ty, [BM], vec_layout))
+            mbarrier.wait(kv_bar, 0)
+            dk, dv = _walk(_dkdv_tile_smem, (dk, dv), ctx, n_p, n, row_off, q_idx_ptr, fq_idx_ptr, q_desc, do_desc,
+                           q_bufs, do_bufs, ready, head_row, col)
+        else:
+            mbarrier.wait(kv_bar, 0)
+            dk, dv = _walk(_dkdv_tile, (dk, dv), (k_smem, v_smem, qk_scale, rows, lse_ptr, delta_ptr, docs_ptr, h,
+                                                  T), n_p, n, row_off, q_idx_ptr, fq_idx_ptr, q_desc, do_desc,
+                           q_bufs, do_bufs, ready, head_row, col)
         _store_tile(dv, v_smem, dv_desc, head_row + pid_n * BN, col)
         _store_tile(dk * scale, k_smem, dk_desc, head_row + pid_n * BN, col)
 
@@ -612,7 +668,7 @@ def launch_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse:
                                   STAGES=cfg["STAGES"], Q_REG=cfg["DQ_Q_REG"], num_warps=cfg["num_warps"])
     kernel["dkdv"][(t // BLOCK, h)](*descs[:4], dk_d, dv_d, lse, delta, docs, q_num, q_idx, fq_num, fq_idx, t,
                                     q_idx.shape[1], head_rows, head_cols, qk_scale, scale,
-                                    STAGES=cfg["STAGES"], num_warps=cfg["num_warps"])
+                                    STAGES=cfg["STAGES"], SMEM=cfg["DKDV_SMEM"], num_warps=cfg["num_warps"])
     return dq, dk, dv
 
 
@@ -668,49 +724,54 @@ def reference_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, docs: Tensor
 
 @torch.library.custom_op("speedrun::attn_gluon", mutates_args=())
 def attn_gluon_op(q: Tensor, k: Tensor, v: Tensor, docs: Tensor, lists: list[Tensor], scale: float,
-                  overlap: bool, q_regs: bool, dq_q_regs: bool) -> tuple[Tensor, Tensor]:
-    """(o, lse) of `launch_forward` (overlap, q_regs: CONFIG's OVERLAP and Q_REG; dq_q_regs: DQ_Q_REG, for
-    the backward); opaque to the compiler, with a fake and an autograd formula."""
+                  overlap: bool, q_regs: bool, dq_q_regs: bool, dkdv_smem: bool) -> tuple[Tensor, Tensor]:
+    """(o, lse) of `launch_forward` (overlap, q_regs: CONFIG's OVERLAP and Q_REG; dq_q_regs, dkdv_smem:
+    DQ_Q_REG and DKDV_SMEM, for the backward); opaque to the compiler, with a fake and an autograd formula."""
     return launch_forward(q, k, v, docs, tuple(lists), scale, {"OVERLAP": int(overlap), "Q_REG": int(q_regs)})
 
 
 @attn_gluon_op.register_fake
-def _(q, k, v, docs, lists, scale, overlap, q_regs, dq_q_regs):
+def _(q, k, v, docs, lists, scale, overlap, q_regs, dq_q_regs, dkdv_smem):
     return _like_q(q), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
 @torch.library.custom_op("speedrun::attn_gluon_backward", mutates_args=())
 def attn_gluon_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, docs: Tensor,
-                        lists: list[Tensor], scale: float, dq_q_regs: bool) -> tuple[Tensor, Tensor, Tensor]:
-    """(dq, dk, dv) of `launch_backward` (dq_q_regs: CONFIG's DQ_Q_REG)."""
-    return launch_backward(do, q, k, v, o, lse, docs, tuple(lists), scale, {"DQ_Q_REG": int(dq_q_regs)})
+                        lists: list[Tensor], scale: float, dq_q_regs: bool,
+                        dkdv_smem: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """(dq, dk, dv) of `launch_backward` (dq_q_regs, dkdv_smem: CONFIG's DQ_Q_REG and DKDV_SMEM)."""
+    return launch_backward(do, q, k, v, o, lse, docs, tuple(lists), scale,
+                           {"DQ_Q_REG": int(dq_q_regs), "DKDV_SMEM": int(dkdv_smem)})
 
 
 @attn_gluon_backward.register_fake
-def _(do, q, k, v, o, lse, docs, lists, scale, dq_q_regs):
+def _(do, q, k, v, o, lse, docs, lists, scale, dq_q_regs, dkdv_smem):
     return _like_q(q), _like_q(q), _like_q(q)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, docs, lists, scale, _overlap, _q_regs, dq_q_regs = inputs
+    q, k, v, docs, lists, scale, _overlap, _q_regs, dq_q_regs, dkdv_smem = inputs
     ctx.save_for_backward(q, k, v, output[0], output[1], docs, *lists)
-    ctx.scale, ctx.num_lists, ctx.dq_q_regs = scale, len(lists), dq_q_regs
+    ctx.scale, ctx.num_lists, ctx.backward_variants = scale, len(lists), (dq_q_regs, dkdv_smem)
 
 
 def _backward(ctx, do, _dlse):
     q, k, v, o, lse, docs, *lists = ctx.saved_tensors
-    dq, dk, dv = torch.ops.speedrun.attn_gluon_backward(do, q, k, v, o, lse, docs, lists, ctx.scale, ctx.dq_q_regs)
-    return dq, dk, dv, None, [None] * ctx.num_lists, None, None, None, None
+    dq, dk, dv = torch.ops.speedrun.attn_gluon_backward(do, q, k, v, o, lse, docs, lists, ctx.scale,
+                                                        *ctx.backward_variants)
+    return dq, dk, dv, None, [None] * ctx.num_lists, None, None, None, None, None
 
 
 attn_gluon_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, docs: Tensor, lists: tuple[Tensor, ...], scale: float,
-              overlap: bool = False, q_regs: bool = False, dq_q_regs: bool = False) -> Tensor:
+              overlap: bool = False, q_regs: bool = False, dq_q_regs: bool = False, dkdv_smem: bool = False) -> Tensor:
     """The record's attention output (1, H, T, D) through the Gluon kernels, differentiable in q, k, v;
-    overlap, q_regs: the forward's OVERLAP and Q_REG variants; dq_q_regs: the dQ kernel's (DQ_Q_REG)."""
-    return torch.ops.speedrun.attn_gluon(q, k, v, docs, list(lists), scale, overlap, q_regs, dq_q_regs)[0]
+    overlap, q_regs: the forward's OVERLAP and Q_REG variants; dq_q_regs: the dQ kernel's (DQ_Q_REG);
+    dkdv_smem: the dK/dV kernel's (DKDV_SMEM)."""
+    return torch.ops.speedrun.attn_gluon(q, k, v, docs, list(lists), scale, overlap, q_regs, dq_q_regs,
+                                         dkdv_smem)[0]
 
 
 # --------------------------------------------------------------------------- offline compile (no GPU)
@@ -736,6 +797,8 @@ def compile_offline(which: str = "fwd", cfg: dict | None = None, head_dim: int =
         consts["Q_REG"] = cfg["Q_REG"]
     elif which == "dq":
         consts["Q_REG"] = cfg["DQ_Q_REG"]
+    else:
+        consts["SMEM"] = cfg["DKDV_SMEM"]
     signature = {}
     for name in kernel.arg_names:
         if name in consts:

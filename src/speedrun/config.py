@@ -177,6 +177,12 @@ class AttentionConfig:
     # replayed from CUDA graphs 1.2-3.4% faster at all eight windows; the step -1.2 ms (-0.7 to -2.3 in four
     # rounds) and -2.1 J: on.
     gluon_dq_q_regs: bool = True
+    # With backend gluon: the dK/dV kernel stages each query tile's lse, delta and document ids through shared
+    # memory, read back only where used (attn_gluon's DKDV_SMEM), not held in registers from their load. The
+    # same bits out (a GPU test); under Triton 3.6 its spill 32 -> 0 bytes with int32 ids (48 -> 8 with
+    # int64). Forty-fourth session, one H200: the backward replayed from CUDA graphs 2.6-5.5% faster than
+    # with DQ_Q_REG and int32 ids alone at all eight windows; the step -1.6 ms in two rounds: on.
+    gluon_dkdv_smem: bool = True
     # With backend gluon: the document ids the kernels compare as int32 rather than the model's int64 (where
     # the largest id fits: `attention.narrow_ids`). The same masks and bits out (a GPU test); fewer registers
     # (the forward with Q_REG 202 -> 167 under Triton 3.6, dK/dV's spill 48 -> 32 bytes). Forty-third

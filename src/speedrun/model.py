@@ -354,7 +354,8 @@ class GPT(nn.Module):
         long, short = self.window_pair(long_blocks)
         return AttentionMasks(docs, long, short, self.attn_cfg.block_size, self.attention_backend,
                               self.flex_options, self.attn_cfg.sparse_block or None, self.attn_cfg.order_kernel,
-                              self.attn_cfg.gluon_overlap, self.attn_cfg.gluon_q_regs, self.attn_cfg.gluon_dq_q_regs)
+                              self.attn_cfg.gluon_overlap, self.attn_cfg.gluon_q_regs, self.attn_cfg.gluon_dq_q_regs,
+                              self.attn_cfg.gluon_dkdv_smem)
 
     def positions(self, num_tokens: int, device, offset: int = 0) -> Tensor:
         pos = torch.arange(offset, offset + num_tokens, device=device)
