@@ -209,16 +209,21 @@ def test_fine_block_choices_keep_fitting_configs_or_clip(monkeypatch):
     assert FineBlockChoices(64).get_flex_attention_bwd_configs(128, torch.bfloat16) == [torch_default[1]]
 
 
-def test_use_sparse_block_installs_only_below_the_block(monkeypatch):
+def test_use_sparse_block_installs_only_below_the_block():
     from torch._inductor import config as inductor_config
+    from torch._inductor.virtualized import V
 
     from speedrun.flex_tiles import FineBlockChoices, use_sparse_block
 
-    monkeypatch.setattr(inductor_config, "inductor_choices_class", None)
+    # Inductor's own patch restores the option on exit; monkeypatch would delete the attribute, which
+    # Inductor's config module then no longer has for the tests after this one
+    with inductor_config.patch(inductor_choices_class=None):
+        _check_sparse_block_install(inductor_config, V, FineBlockChoices, use_sparse_block)
+
+
+def _check_sparse_block_install(inductor_config, V, FineBlockChoices, use_sparse_block):
     use_sparse_block(128, 128)
     assert inductor_config.inductor_choices_class is None
-    from torch._inductor.virtualized import V
-
     prior = V.choices
     try:
         use_sparse_block(64, 128)

@@ -113,7 +113,7 @@ def test_optimizer_state_round_trip(tmp_path):
 def test_checkpoint_folder_is_a_model_folder(tmp_path):
     """sample/export load a checkpoint like a finished run (load_model)."""
     run = tmp_path / "run"
-    assert train(run, "--checkpoint-every", "2", steps=3) == 0
+    assert train(run, "--checkpoint-every", "2", "--keep-checkpoints", steps=3) == 0
     model, cfg = ck.load_model(ck.latest_checkpoint(run))
     assert cfg.model.num_layers == 2
     meta = json.loads((ck.latest_checkpoint(run) / "trainer.json").read_text())
@@ -133,7 +133,7 @@ def test_run_survives_a_full_disk(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr(ck, "_write_model", sometimes_full)
     run = tmp_path / "run"
-    assert train(run, "--checkpoint-every", "2", steps=5) == 0
+    assert train(run, "--checkpoint-every", "2", "--keep-checkpoints", steps=5) == 0
     (failed,) = events(run, "checkpoint_failed")
     assert failed["name"] == "step_000002" and "No space left" in failed["reason"]
     assert "could not be written" in capsys.readouterr().out

@@ -14,7 +14,7 @@ from reliability_helpers import events, records, train
 from speedrun import checkpoint as ck
 from speedrun.health import LossJudge
 
-CKPT = ["--checkpoint-every", "2", "--set", "train.health_every=2"]
+CKPT = ["--checkpoint-every", "2", "--keep-checkpoints", "--set", "train.health_every=2"]
 
 
 def _good_checkpoints(run):

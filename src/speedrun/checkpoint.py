@@ -251,6 +251,11 @@ def remove_partial(run: Path) -> None:
             shutil.rmtree(p, ignore_errors=True)
 
 
+def remove_checkpoints(run: Path) -> None:
+    """Delete a finished run's checkpoints (its model files stay beside them)."""
+    shutil.rmtree(Path(run) / CHECKPOINTS, ignore_errors=True)
+
+
 def _prune(root: Path, keep: int) -> None:
     latest = (root / LATEST).read_text().strip() if (root / LATEST).exists() else None
     for old in committed(root)[:-keep]:

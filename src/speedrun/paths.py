@@ -93,3 +93,27 @@ def resolve_files(data_dir: str | os.PathLike, pattern: str) -> list[Path]:
     if not files:
         raise DataError(f"{folder}: no files match {pattern!r}")
     return files
+
+
+# What `speedrun data tokenize` and FineWeb both write: <prefix>_train_NNNNNN.bin, <prefix>_val_NNNNNN.bin
+SPLIT_PATTERN = "*_{split}_[0-9]*.bin"
+
+
+def discover_files(data_dir: str | os.PathLike, pattern: str, split: str) -> list[Path]:
+    """The shards of one split (`train` or `val`): those matching the preset's `pattern`, else, in a
+    folder that holds exactly one `<prefix>_<split>_NNNNNN.bin` series, that series. So a preset runs
+    on a folder of `speedrun data tokenize --prefix anything` shards with `--data-dir` alone."""
+    folder = Path(data_dir).expanduser()
+    if not folder.is_dir():
+        raise DataError(f"{folder}: data folder not found (looking for {pattern})")
+    files = sorted(p for p in folder.glob(pattern) if p.is_file())
+    if files:
+        return files
+    generic = SPLIT_PATTERN.format(split=split)
+    found = sorted(p for p in folder.glob(generic) if p.is_file())
+    prefixes = sorted({p.name.rsplit(f"_{split}_", 1)[0] for p in found})
+    if len(prefixes) == 1:
+        return found
+    why = (f"several series match {generic!r} ({', '.join(prefixes)}); choose one with "
+           f"--set data.{split}_pattern=PREFIX_{split}_*.bin") if prefixes else f"nor {generic!r}"
+    raise DataError(f"{folder}: no {split} shards: nothing matches {pattern!r}, {why}")

@@ -213,6 +213,8 @@ class RunGuard:
         if self.resume_dir is not None:
             folder = ck.latest_checkpoint(self.resume_dir)
             written_by = self._restore(folder, resume=True).get("source_sha256")
+            if self.info.is_main:
+                print(f"speedrun: resumed from step {self.start_step} ({folder})", flush=True)
             self.tr._log({"event": "resume", "step": self.start_step, "checkpoint": folder.name,
                           "speedrun_version": __version__, "source_sha256": self.sources,
                           "checkpoint_source_sha256": written_by})

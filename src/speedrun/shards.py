@@ -3,7 +3,10 @@
 A shard is a 256 x int32 little-endian header (`[0]` magic 20240520, `[1]`
 version 1, `[2]` number of tokens) followed by that many uint16 GPT-2 ids.
 This is the format of the public FineWeb shards, so shards written here and
-shards downloaded are read by one code path.
+shards downloaded are read by one code path. Shards written here also record
+the largest id plus one in `[3]` (the public shards leave it 0), so training
+refuses an id past the model's vocabulary before its first step by reading
+a header, and scans only shards that lack the field.
 
 Reading is a `numpy.memmap`: a 100M-token shard is opened in microseconds and
 only the pages the loader touches are read. Every fault a user can cause
@@ -39,7 +42,7 @@ def write_shard(path: str | os.PathLike, tokens) -> Path:
     if arr.size and (arr.min() < 0 or arr.max() >= 1 << 16):
         raise DataError(f"{path}: token ids must be in [0, 65535] to fit uint16")
     header = np.zeros(HEADER_INTS, dtype="<i4")
-    header[:3] = (MAGIC, VERSION, arr.size)
+    header[:4] = (MAGIC, VERSION, arr.size, int(arr.max()) + 1 if arr.size else 0)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "wb") as f:
@@ -85,8 +88,9 @@ def read_shard(path: str | os.PathLike) -> np.ndarray:
     return np.memmap(path, dtype="<u2", mode="r", offset=HEADER_BYTES, shape=(n,))
 
 
-def validate_shard(path: str | os.PathLike, vocab_size: int = DEFAULT_VOCAB) -> int:
-    """Full check: header, size and every id < vocab_size. Returns the token count."""
+def validate_shard(path: str | os.PathLike, vocab_size: int = DEFAULT_VOCAB, what: str = "--vocab-size") -> int:
+    """Full check: header, size and every id < vocab_size (`what` names where that bound comes from).
+    Returns the token count."""
     tokens = read_shard(path)
     for start in range(0, tokens.size, _CHECK_CHUNK):
         chunk = tokens[start:start + _CHECK_CHUNK]
@@ -94,8 +98,27 @@ def validate_shard(path: str | os.PathLike, vocab_size: int = DEFAULT_VOCAB) -> 
         if top >= vocab_size:
             where = start + int(np.argmax(chunk >= vocab_size))
             raise DataError(f"{path}: token id {int(tokens[where])} at position {where} is outside "
-                            f"the vocabulary of {vocab_size}")
+                            f"the vocabulary of {vocab_size} ({what})")
     return tokens.size
+
+
+def id_bound(path: str | os.PathLike) -> int | None:
+    """The largest token id plus one, as the header records it; None where it is not recorded."""
+    read_header(path)
+    with open(path, "rb") as f:
+        bound = int(np.frombuffer(f.read(16), dtype="<i4")[3])
+    return bound or None
+
+
+def check_vocab(paths, vocab_size: int, what: str = "model.vocab_size") -> None:
+    """Refuse any shard holding an id >= vocab_size: from the header where the shard records its
+    largest id, else by a scan (the public FineWeb shards)."""
+    for path in paths:
+        bound = id_bound(path)
+        if bound is None:
+            validate_shard(path, vocab_size, what)
+        elif bound > vocab_size:
+            raise DataError(f"{path}: holds token id {bound - 1}, outside the vocabulary of {vocab_size} ({what})")
 
 
 def require_tokens(path: str | os.PathLike, needed: int, what: str = "validation") -> np.ndarray:

@@ -47,6 +47,22 @@ class StartupPhases:
         return f"{self.total():.1f} s = {parts}"
 
 
+def first_time_on_machine(name: str) -> bool:
+    """True the first time a note called `name` is asked for on this machine (a marker file under
+    `$SPEEDRUN_HOME/notes`), so advice about the machine's set-up is read once, not at every start."""
+    from speedrun.paths import cache_root
+
+    marker = cache_root() / "notes" / name
+    if marker.exists():
+        return False
+    try:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+    except OSError:
+        pass  # an unwritable cache: the note shows again, which is only noise
+    return True
+
+
 def compiled_graphs() -> int:
     """How many graphs Dynamo has compiled in this process so far (its own counter).
 

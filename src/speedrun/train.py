@@ -31,8 +31,9 @@ from speedrun.fp8 import fp8_supported
 from speedrun.model import GPT, count_parameters
 from speedrun.optimizers import build_optimizers
 from speedrun.rundir import RunDir, default_out_dir, git_commit, git_dirty
+from speedrun.shards import check_vocab
 from speedrun import dynamo_cache, gpu_clocks
-from speedrun.startup import StartupPhases, bytecode_note, compiled_graphs, retune_note
+from speedrun.startup import StartupPhases, bytecode_note, compiled_graphs, first_time_on_machine, retune_note
 
 
 def process_start_time() -> float:
@@ -56,12 +57,15 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--val-every", type=int, help="validate every N steps (0 = only at the end)")
     p.add_argument("--seed", type=int, help="random seed for the initialisation")
     p.add_argument("--out", help="run folder (default: runs/<preset>-<time>)")
-    p.add_argument("--overwrite", action="store_true", help="reuse an --out folder that holds a finished run")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start again in an --out folder that holds a run (finished or not), removing it")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                    help="override any config field, e.g. --set model.value_embeds=0 (repeatable)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its latest checkpoint")
     p.add_argument("--checkpoint-every", metavar="N|Mm", help="checkpoint every N steps or M minutes (e.g. 10m)")
+    p.add_argument("--keep-checkpoints", action="store_true",
+                   help="keep the checkpoints once the run has finished (by default only the final model stays)")
     p.add_argument("--on-fault", choices=("stop", "recover"), help="on a NaN/inf or a loss spike (default: stop)")
     p.add_argument("--tensorboard", action="store_true", help="also log metrics to TensorBoard (needs tensorboard)")
 
@@ -98,7 +102,8 @@ def cli_train(args: argparse.Namespace) -> int:
             raise ConfigError(f"--out {args.out}: --resume continues in {args.resume}; leave --out out")
         out = Path(args.resume or args.out or default_out_dir(cfg.name))
         trainer = Trainer(cfg, info, out, overwrite=args.overwrite, progress=not args.no_progress, t_start=t_start,
-                          resume=Path(args.resume) if args.resume else None)
+                          resume=Path(args.resume) if args.resume else None,
+                          keep_checkpoints=args.keep_checkpoints)
         if args.tensorboard:
             from speedrun.resilience import tensorboard_writer
 
@@ -114,6 +119,8 @@ def cli_train(args: argparse.Namespace) -> int:
             trainer.release_compile()
         if getattr(trainer, "guard", None) is not None:
             trainer.guard.close()
+        if not finished and getattr(trainer, "out", None) is not None:
+            trainer.out.abandon()
         shutdown(clean=finished)
     return 0
 
@@ -140,12 +147,12 @@ def use_compile(mode: str, device: torch.device) -> bool:
 
 
 def resolve_data(cfg: RunConfig) -> tuple[list[Path], Path | None]:
-    from speedrun.paths import default_fineweb_dir, demo_data_dir, resolve_files
+    from speedrun.paths import default_fineweb_dir, demo_data_dir, discover_files
 
     d = cfg.data.data_dir
     folder = demo_data_dir() if d == "demo" else Path(d) if d else default_fineweb_dir()
-    train = resolve_files(folder, cfg.data.train_pattern)
-    val = resolve_files(folder, cfg.data.val_pattern)[0] if cfg.train.val_tokens else None
+    train = discover_files(folder, cfg.data.train_pattern, "train")
+    val = discover_files(folder, cfg.data.val_pattern, "val")[0] if cfg.train.val_tokens else None
     return train, val
 
 
@@ -169,6 +176,16 @@ def build_model(cfg: RunConfig, device: torch.device, world_size: int, dtype: to
         use_sparse_block(cfg.attention.sparse_block, cfg.attention.block_size, device)
     model.use_fp8 = cfg.model.fp8_head and fp8_supported(device)
     return model
+
+
+@torch.no_grad()
+def grad_norm(model: torch.nn.Module) -> torch.Tensor:
+    """L2 norm of the gradient this rank's micro-steps summed (device scalar; no host wait). With several
+    ranks each logs its own, before the optimisers average them."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    return torch.stack([n.float() for n in torch._foreach_norm(grads)]).square().sum().sqrt()
 
 
 @dataclass
@@ -205,36 +222,40 @@ class Clock:
 
 @dataclass
 class PendingLosses:
-    """Per-step training losses kept on the device until the next sync point."""
+    """Per-step training losses and gradient norms kept on the device until the next sync point, with
+    the step's learning-rate multiplier (known on the host)."""
 
     steps: list = field(default_factory=list)
-    losses: list = field(default_factory=list)
+    values: list = field(default_factory=list)  # (loss, grad_norm) device pairs
     times: list = field(default_factory=list)
+    lr_mults: list = field(default_factory=list)
 
-    def add(self, step: int, loss: torch.Tensor, ms: float) -> None:
+    def add(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor, ms: float, lr_mult: float) -> None:
         self.steps.append(step)
-        self.losses.append(loss)
+        self.values.append(torch.stack([loss.float().reshape(()), grad_norm.float().reshape(()).to(loss.device)]))
         self.times.append(ms)
+        self.lr_mults.append(lr_mult)
 
-    def flush(self) -> list[tuple[int, float, float]]:
-        if not self.losses:
+    def flush(self) -> list[tuple[int, float, float, float, float]]:
+        if not self.values:
             return []
-        values = torch.stack(self.losses).float().tolist()
-        out = list(zip(self.steps, values, self.times))
-        self.steps, self.losses, self.times = [], [], []
+        values = torch.stack(self.values).tolist()
+        out = [(s, v[0], v[1], ms, lr) for s, v, ms, lr in zip(self.steps, values, self.times, self.lr_mults)]
+        self.steps, self.values, self.times, self.lr_mults = [], [], [], []
         return out
 
 
 class Trainer:
     def __init__(self, cfg: RunConfig, info: DistInfo, out: Path, overwrite: bool = False,
-                 progress: bool = True, t_start: float | None = None, resume: Path | None = None):
+                 progress: bool = True, t_start: float | None = None, resume: Path | None = None,
+                 keep_checkpoints: bool = False):
         self.cfg, self.info = cfg, info
         self.t_start = t_start or time.time()
         self.device = info.device
         self.startup = StartupPhases(self.t_start, self.device)
         self.startup.mark("imports")  # process start -> here: interpreter, imports, arguments, process group
         note = bytecode_note(bool(sys.flags.dont_write_bytecode), sys.pycache_prefix)
-        if note and info.is_main:
+        if note and info.is_main and first_time_on_machine("bytecode"):
             print(f"speedrun: note: {note}", flush=True)
         note = retune_note(cfg.train.inductor_options, torch.__version__)
         if note and info.is_main and self.device.type == "cuda" and cfg.train.compile != "off":
@@ -247,6 +268,8 @@ class Trainer:
         self.progress = progress and info.is_main
         self.out = RunDir(out, overwrite=overwrite, resume=resume is not None) if info.is_main else None
         self.out_path, self.tb, self.phase = Path(out), None, "set-up"
+        self.keep_checkpoints = keep_checkpoints
+        self.lr_mult, self.grad_norm, self.last_train_loss = 1.0, None, None
         self.micro_steps = cfg.train.batch_seqs // info.world_size
         self.tokens_per_step = cfg.train.batch_seqs * cfg.train.seq_len
         self._windows: dict[int, torch.Tensor] = {}
@@ -261,6 +284,8 @@ class Trainer:
             self._build()
         except BaseException:
             self.release_compile()
+            if self.out:
+                self.out.abandon()
             raise
         from speedrun.resilience import RunGuard
 
@@ -305,6 +330,8 @@ class Trainer:
                                                           cfg.train.pdl, cfg.train.inductor_options))
         self.optimizers = build_optimizers(self.model, cfg.optim)
         train_files, self.val_file = resolve_data(cfg)
+        # an id past the embedding would stop the first step with an IndexError deep in the model
+        check_vocab(train_files + ([self.val_file] if self.val_file else []), cfg.model.vocab_size)
         from speedrun.loader import TrainLoader
 
         self.loader = TrainLoader(train_files, cfg.train.seq_len, cfg.train.batch_seqs, info.rank,
@@ -371,6 +398,7 @@ class Trainer:
     def set_schedules(self, step: int) -> None:
         progress = step / self.cfg.train.steps
         mult = schedules.lr_multiplier(progress, self.cfg.schedule)
+        self.lr_mult = mult * self.guard.lr_factor  # every group's lr over its initial lr, for the log
         o = self.cfg.optim
         momentum = schedules.muon_momentum(progress, self.cfg.schedule, o.muon_momentum_start, o.muon_momentum)
         for opt in self.optimizers:
@@ -405,6 +433,7 @@ class Trainer:
             if self.grad_sums is not None:
                 self.grad_sums.finish()
         self.guard.before_update(step)
+        self.grad_norm = grad_norm(self.model) if self._log_step(step) else None
         for opt in self.optimizers:
             opt.step()
         for opt in self.optimizers:
@@ -414,6 +443,10 @@ class Trainer:
         mean = all_reduce_mean(total / (len(batches) * self.cfg.train.seq_len))
         self.guard.after_update(step, mean)
         return mean
+
+    def _log_step(self, step: int) -> bool:
+        every = self.cfg.train.log_every
+        return bool(every and step % every == 0)
 
     def forward(self, inputs: torch.Tensor, targets: torch.Tensor, window: torch.Tensor) -> torch.Tensor:
         """A training micro-step's loss; with train.grad_accum=graph its backward adds the gradients
@@ -561,9 +594,13 @@ class Trainer:
                 self.tb.log(record)
 
     def _flush_losses(self, pending: PendingLosses) -> None:
-        for step, loss, ms in pending.flush():
-            self._log({"step": step, "train_loss": loss, "train_time_ms": ms,
+        o = self.cfg.optim
+        base = {"muon": o.muon_lr, "adam_embed": o.embed_lr} if o.kind != "adamw" else {"adamw": o.adamw_lr}
+        for step, loss, gnorm, ms, mult in pending.flush():
+            self._log({"step": step, "train_loss": loss, "grad_norm": gnorm, "lr_mult": mult,
+                       "lr": {k: v * mult for k, v in base.items()}, "train_time_ms": ms,
                        "tokens": step * self.tokens_per_step})
+            self.last_train_loss = loss
 
     def _validate(self, step: int, clock: Clock, pending: PendingLosses, bar) -> float | None:
         clock.stop()
@@ -609,6 +646,14 @@ class Trainer:
 
         bar = tqdm(total=t.steps, initial=self.guard.start_step, disable=not self.progress, unit="step",
                    dynamic_ncols=True)
+        try:
+            val_loss, cold_start = self._loop(clock, pending, bar)
+        finally:  # a closed bar ends its line, so an error message starts on a line of its own
+            bar.close()
+        return self._finish(val_loss, clock, cold_start)
+
+    def _loop(self, clock: Clock, pending: PendingLosses, bar) -> tuple[float | None, float]:
+        t, val_loss = self.cfg.train, None
         cold_start = None  # process start -> first timed step, the first validation included
         for step in self.guard.steps(t.steps):
             last = step == t.steps
@@ -623,14 +668,28 @@ class Trainer:
             if not clock.running:
                 clock.start()
             loss = self.train_step(step)
-            if t.log_every and step % t.log_every == 0:
-                pending.add(step + 1, loss, clock.approx_ms())
-            bar.update(1)
+            if self._log_step(step):
+                pending.add(step + 1, loss, self.grad_norm, clock.approx_ms(), self.lr_mult)
+            self._show_progress(bar, step + 1, loss, clock)
         clock.stop()
-        bar.close()
         if cold_start is None:  # no step left to time (a resume at the end)
             cold_start = self._begin_timed_run()
-        return self._finish(val_loss, clock, cold_start)
+        return val_loss, cold_start
+
+    def _show_progress(self, bar, done: int, loss: torch.Tensor, clock: Clock) -> None:
+        """The bar's loss and tokens per second. On a GPU the loss shown is the last one the log has
+        already read (reading each step's would make every step wait for the device)."""
+        bar.update(1)
+        if bar.disable:
+            return
+        if self.device.type == "cpu":
+            self.last_train_loss = loss.item()
+        secs = clock.approx_ms() / 1000
+        steps = done - self.guard.start_step
+        info = {"tok/s": f"{steps * self.tokens_per_step / secs:,.0f}" if secs > 0 else "-"}
+        if self.last_train_loss is not None:
+            info = {"loss": f"{self.last_train_loss:.4f}", **info}
+        bar.set_postfix(info, refresh=False)
 
     def _finish(self, val_loss: float | None, clock: Clock, cold_start: float) -> dict:
         t = self.cfg.train
@@ -657,13 +716,18 @@ class Trainer:
             save_model_files(self.model, self.cfg, self.out.path)
             self.out.write_json("summary.json", summary)
             self.out.close()
+            if not self.keep_checkpoints:  # the final model supersedes them; only a resume needs them
+                from speedrun.checkpoint import remove_checkpoints
+
+                remove_checkpoints(self.out.path)
             if summary["graphs_compiled_in_timed_run"]:
                 print(f"speedrun: warning: {summary['graphs_compiled_in_timed_run']} graph(s) were compiled after "
                       "warm-up, inside the timed run (TORCH_LOGS=recompiles says why)", flush=True)
             if clocks:
                 print(f"speedrun: GPU clock over the timed run: {gpu_clocks.describe(clocks)}; per step "
                       f"{gpu_clocks.describe_per_step(summary)}", flush=True)
-            print(f"speedrun: final val_loss {val_loss}, training time {clock.elapsed:.1f}s "
+            shown = "none (no validation)" if val_loss is None else f"{val_loss:.4f}"
+            print(f"speedrun: final val_loss {shown}, training time {clock.elapsed:.1f}s "
                   f"({summary['ms_per_step']:.1f} ms/step), cold start {cold_start:.1f}s -> {self.out.path}")
         if t.sample_tokens and self.info.is_main:
             self._print_sample()
