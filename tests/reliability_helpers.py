@@ -23,27 +23,28 @@ TINY = [
 ]
 
 
-def main(argv: list[str]) -> int:
-    """cli.main on one intra-op thread (several times faster on a busy 2-core machine), from Dynamo's
+def main(argv: list[str], threads: int = 1) -> int:
+    """cli.main on `threads` intra-op threads (one is several times faster on a busy 2-core machine; two,
+    the CPU's default here, let the kernels that split their work between threads do so), from Dynamo's
     empty in-memory state as a new `speedrun` process starts: the compiled variants of earlier tests'
     runs share the step's code objects and would count against Dynamo's recompile limit (the whole GPU
     suite hit it in test_pdl.py after the compiled runs of three other files)."""
     torch._dynamo.reset()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
     try:
         return cli.main(argv)
     finally:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(before)
 
 
-def train(out: Path, *extra: str, steps: int = 8) -> int:
+def train(out: Path, *extra: str, steps: int = 8, threads: int = 1) -> int:
     """`speedrun train` on the tiny config; returns the exit code."""
-    return main(["train", "--steps", str(steps), "--out", str(out), *TINY, *extra])
+    return main(["train", "--steps", str(steps), "--out", str(out), *TINY, *extra], threads)
 
 
-def resume(run: Path, *extra: str) -> int:
-    return main(["train", "--resume", str(run), "--no-progress", *extra])
+def resume(run: Path, *extra: str, threads: int = 1) -> int:
+    return main(["train", "--resume", str(run), "--no-progress", *extra], threads)
 
 
 def records(run: Path) -> list[dict]:

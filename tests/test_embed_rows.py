@@ -4,7 +4,8 @@
   rounding and add would, leaves the others alone and zeroes the scratch rows it read; the Triton
   kernels equal the reference bit for bit (Triton's interpreter in a subprocess, and on a GPU).
 * The path: a compiled step with two tables gives the dense in-place path's gradients bit for bit
-  over two steps (the scratch must come back to zero), and the tiny run trains exactly as autograd.
+  over two steps (the scratch must come back to zero), so does the eager lookup on two threads, and
+  the tiny run trains exactly as autograd.
 * The wiring: which tables a GPT looks up only, `resolve` (rows is the default wherever the in-place sums
   run, the dense tables elsewhere), the refusals.
 """
@@ -163,6 +164,29 @@ def test_rows_give_the_dense_in_place_sums_bit_for_bit(compiled):
                 scale = want[name].float().abs().max()
                 assert (have[name].float() - want[name].float()).abs().max() <= 2**-6 * scale, name
     assert got["rows"][0]["embed.weight"].abs().sum() > 0
+
+
+def test_eager_rows_give_the_dense_bits_on_two_threads():
+    """Eager on the CPU's default two threads, a float32 table and the demo's micro-step (256 tokens of
+    128 columns: a gradient the CPU kernels split between threads): the step's sum gets the dense
+    backward's bits, call after call (atomics in a varying order would not)."""
+    gen = torch.Generator().manual_seed(2)
+    V, D, N = 1000, 128, 256
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for _ in range(12):
+            tokens = torch.randint(0, V, (N,), generator=gen) ** 2 // V // 20  # 50 rows, heavy repeats
+            grad = torch.randn(N, D, generator=gen)
+            table = torch.randn(V, D, generator=gen, requires_grad=True)
+            total, scratch = torch.randn(V, D, generator=gen), torch.zeros(V, D)
+            F.embedding(tokens, table).backward(grad)
+            want = total + table.grad
+            table.grad = None
+            embed_rows.lookup_into(tokens, table, total, scratch).backward(grad)
+            assert torch.equal(total, want) and table.grad is None and not scratch.any()
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_gpt_names_the_tables_it_only_looks_up():

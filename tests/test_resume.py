@@ -2,6 +2,9 @@
 
 The straight run and the interrupted one use the same checkpoint and health
 settings (a warm-up step too, which must not disturb the restored state).
+Most runs take one intra-op thread (faster on a busy machine); the WIDE ones
+take the CPU's default two, with tables wide enough that the CPU kernels
+split their work: the same seed and a resume still give the same bits.
 Interruptions: SIGTERM raised in-process (the real handler: checkpoint, exit
 143), SIGINT (130), and a crash between checkpoints (an injected CUDA OOM,
 exit 4) resumed from the older checkpoint, whose later metrics are dropped.
@@ -10,6 +13,7 @@ exit 4) resumed from the older checkpoint, whose later metrics are dropped.
 import json
 
 import pytest
+import torch
 
 from reliability_helpers import curves, events, records, resume, torchrun, train
 
@@ -33,6 +37,45 @@ def test_sigterm_then_resume_is_exact(straight, tmp_path):
     assert events(run, "resume")[0]["step"] == 5
     final = json.loads((run / "summary.json").read_text())
     assert final["final_val_loss"] == json.loads((straight / "summary.json").read_text())["final_val_loss"]
+
+
+# The demo's width and tokens a micro-step (128 columns, 256 tokens): enough of an embedding table's
+# gradient for the CPU kernels that split their work between threads to do so
+WIDE = ["--set", "model.model_dim=128", "--set", "model.num_heads=2", "--set", "model.head_dim=64",
+        "--set", "model.mlp_hidden=256", "--set", "model.value_embeds=1", "--set", "train.seq_len=256",
+        "--set", "train.val_seq_len=256", "--set", "train.val_tokens=512"]
+
+
+def _same_weights(run_a, run_b) -> bool:
+    from safetensors.torch import load_file
+
+    a, b = load_file(run_a / "model.safetensors"), load_file(run_b / "model.safetensors")
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.fixture(scope="module")
+def straight_two_threads(tmp_path_factory):
+    run = tmp_path_factory.mktemp("straight2") / "run"
+    assert train(run, *COMMON, *WIDE, steps=6, threads=2) == 0
+    return run
+
+
+def test_same_seed_gives_the_same_bits_on_two_threads(straight_two_threads, tmp_path):
+    """The default config (the embedding tables' gradients added row by row) on the CPU's default two
+    threads: a second run with the same seed logs every loss and ends with every weight bit for bit."""
+    run = tmp_path / "run"
+    assert train(run, *COMMON, *WIDE, steps=6, threads=2) == 0
+    assert curves(run) == curves(straight_two_threads)
+    assert _same_weights(run, straight_two_threads)
+
+
+def test_sigterm_then_resume_is_exact_on_two_threads(straight_two_threads, tmp_path):
+    run = tmp_path / "run"
+    assert train(run, *COMMON, *WIDE, "--set", "train.inject_fault=sigterm@4", steps=6, threads=2) == 143
+    assert resume(run, threads=2) == 0
+    assert events(run, "resume")[0]["step"] == 5
+    assert curves(run) == curves(straight_two_threads)
+    assert _same_weights(run, straight_two_threads)
 
 
 def test_crash_between_checkpoints_resumes_from_the_last_one(straight, tmp_path):

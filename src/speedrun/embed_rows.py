@@ -10,16 +10,22 @@ step on one GPU, although a micro-step's 49,152 tokens touch only some of the ro
 With `train.grad_accum=inplace` the sums are buffers kept for the run, and then the dense table is not
 needed. Here each table gets a float32 scratch table of its own, also kept for the run and zero between
 micro-steps, and its lookup's backward (`_LookupInto`) does two things:
-1. it adds the gradient rows into the scratch table with `index_put_(accumulate=True)`, which Inductor
-   compiles into the same fused atomics as the dense path, minus the fill;
+1. it adds the gradient rows into the scratch table: on the GPU by `index_put_(accumulate=True)`, which
+   Inductor compiles into the same fused atomics as the dense path, minus the fill; on the CPU by
+   `index_add_`, which adds each row's tokens in their order at any thread count, as the CPU's dense
+   backward does, where eager `index_put_(accumulate=True)` splits the tokens between threads that add
+   with atomics once the gradient has 32,768 elements (the demo's 256 tokens of 128 columns), and two
+   runs of one seed drift apart (Inductor compiles `index_add_` into the same atomics as `index_put_`);
 2. `speedrun::add_rows_` visits only the rows the tokens touched: each row's float32 sum is rounded to
    bfloat16, added into the step's sum as `grad_accum.add_gradient` adds it, and set back to zero.
 
-The values are the dense path's: the same float32 atomic sums of the same rows (in an order that
-neither path fixes), the same rounding and the same add. A row no token touched would get the dense
-path's +0 added; here it is left as it is, which differs only where a sum is -0 (then -0, not +0).
-The CPU tests hold the whole path to the dense one bit for bit, compiled, and the kernel to the
-reference under Triton's interpreter.
+The values are the dense path's: the same float32 sums of the same rows, the same rounding and the
+same add. Compiled, both paths' sums are atomics (in an order that neither fixes); eager on the CPU,
+both add in the tokens' order, so a float32 table gets the dense path's bits at any thread count (a
+bfloat16 one differs there: the CPU's eager dense backward sums in bfloat16). A row no token touched
+would get the dense path's +0 added; here it is left as it is, which differs only where a sum is -0
+(then -0, not +0). The CPU tests hold the whole path to the dense one bit for bit, compiled and eager
+on two threads, and the kernel to the reference under Triton's interpreter.
 
 `add_rows_` runs one of two implementations (`kernel_choice`): "torch" (the reference: the tokens'
 distinct rows by `torch.unique`, gathered, added and scattered back) and "triton" (CUDA, or the CPU
@@ -58,7 +64,11 @@ class _LookupInto(torch.autograd.Function):
     def backward(ctx, grad: Tensor):
         tokens, total, scratch = ctx.saved_tensors
         flat = tokens.reshape(-1)
-        scratch.index_put_((flat,), grad.reshape(flat.shape[0], -1).float(), accumulate=True)
+        rows = grad.reshape(flat.shape[0], -1).float()
+        if scratch.device.type == "cpu":  # in the tokens' order, at any thread count (module docstring)
+            scratch.index_add_(0, flat, rows)
+        else:
+            scratch.index_put_((flat,), rows, accumulate=True)
         torch.ops.speedrun.add_rows_(flat, scratch, total)
         return None, None, None, None
 
