@@ -311,25 +311,52 @@ def test_records_survive_damage_and_old_files(fake_torch_cache):
     assert not list(compile_cache.cache_dir().glob(".*.tmp"))
 
 
-def test_cache_command_lists_files_and_checks_a_preset(fake_torch_cache, capsys):
+def test_cache_command_lists_files_and_checks_a_preset(fake_torch_cache, capsys, monkeypatch):
     from speedrun.cli import main
 
-    cfg = get_preset("demo")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the check is of a run on the CPU
+    cfg = apply_overrides(get_preset("demo"), ["train.compile=on"])  # a run that compiles there
     parts = compile_cache.key_parts(cfg, "cpu", 1)
     key = compile_cache.key_from_parts(parts)
     compile_cache.save(key)
-    compile_cache.save_record(key, parts, "demo", ["train.steps=3"])
-    assert main(["cache", "--preset", "demo"]) == 0
+    compile_cache.save_record(key, parts, "demo", ["train.compile=on"])
+    check = ["cache", "--preset", "demo", "--set", "train.compile=on"]
+    assert main(check) == 0
     out = capsys.readouterr().out
-    assert "1 file(s)" in out and f"| {key} | demo --set train.steps=3 |" in out
+    assert "1 file(s)" in out and f"| {key} | demo --set train.compile=on |" in out
     assert f"| {torch.__version__} |" in out and "| 1 |" in out
     assert f"demo on this machine (cpu {platform.machine()}, world size 1): key {key}: stored; a run loads it" in out
-    assert main(["cache", "--preset", "demo", "--world-size", "2"]) == 0
+    assert main(check + ["--world-size", "2"]) == 0
     out = capsys.readouterr().out
-    assert "no file; `speedrun warm --preset demo` makes one" in out
+    assert ("no file; `torchrun --standalone --nproc_per_node=2 -m speedrun.cli warm --preset demo "
+            "--set train.compile=on` makes one") in out
     assert f"nearest file {key} (demo) was made for another setup: world_size 1 (this run: 2)" in out
+    assert main(check + ["--set", "train.seq_len=512"]) == 0  # the advice is the run's own command
+    out = capsys.readouterr().out
+    assert "`speedrun warm --preset demo --set train.compile=on --set train.seq_len=512` makes one" in out
     assert main(["cache", "--preset", "no-such-preset"]) != 0
     assert "no-such-preset" in capsys.readouterr().err
+
+
+def test_cache_and_warm_agree_where_nothing_is_compiled(fake_torch_cache, capsys, monkeypatch):
+    """`cache` advises `warm` only where `warm` makes a file: train.compile=auto compiles nothing on a CPU."""
+    from speedrun.cli import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(bench, "Session", None)  # warm refuses before it builds anything
+    reason = "nothing is compiled on cpu (train.compile=auto compiles on CUDA only)"
+    assert main(["cache", "--preset", "demo"]) == 0
+    out = capsys.readouterr().out
+    assert f"world size 1): no compile cache to make or load: {reason}" in out and "speedrun warm" not in out
+    assert main(["warm", "--preset", "demo"]) == 2
+    assert capsys.readouterr().err.strip() == f"speedrun: error: warm --preset demo: nothing to cache: {reason}"
+    assert main(["cache", "--preset", "demo", "--set", "train.compile=off"]) == 0
+    assert "no compile cache to make or load: nothing is compiled (train.compile=off)" in capsys.readouterr().out
+    monkeypatch.delattr(torch.compiler, "save_cache_artifacts")
+    assert main(["warm", "--preset", "demo", "--set", "train.compile=on"]) == 2
+    assert "has no torch.compiler.save_cache_artifacts" in capsys.readouterr().err
+    assert main(["cache", "--preset", "demo", "--set", "train.compile=on"]) == 0
+    assert "has no torch.compiler.save_cache_artifacts" in capsys.readouterr().out
 
 
 def test_cache_degrades_without_torch_support(tmp_path, monkeypatch):

@@ -53,6 +53,20 @@ def test_validate_bad_shards(tmp_path, capsys, make, needles):
     assert all(n in lines[0] for n in needles) and "1 of 1 shard(s) failed" in lines[1]
 
 
+def test_validate_a_folder_checks_every_shard_in_it(tmp_path, capsys):
+    write_shard(tmp_path / "a_000000.bin", [1, 2, 3])
+    write_shard(tmp_path / "b_000001.bin", [4, 5])
+    (tmp_path / "notes.txt").write_text("not a shard")
+    assert cli.main(["data", "validate", str(tmp_path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out == [f"{tmp_path / 'a_000000.bin'}: ok, 3 tokens", f"{tmp_path / 'b_000001.bin'}: ok, 2 tokens"]
+    write_shard(tmp_path / "c_000002.bin", [60000])
+    assert cli.main(["data", "validate", str(tmp_path)]) == 2
+    assert "1 of 3 shard(s) failed validation" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    _fails_cleanly(capsys, ["data", "validate", str(tmp_path / "empty")], "empty: folder holds no shard files (*.bin)")
+
+
 def test_tokenize_bad_inputs(tmp_path, capsys):
     _fails_cleanly(capsys, ["data", "tokenize", str(tmp_path / "none.jsonl"), "--out", str(tmp_path / "o")],
                    "none.jsonl", "not found")

@@ -155,3 +155,41 @@ def test_offline_mode_uses_complete_shards_only(hub, tmp_path, monkeypatch):
     with pytest.raises(DataError, match="HF_HUB_OFFLINE is set"):
         fetch_fineweb("10B", 2, out, log=lambda m: None)
     assert not [m for m, n in hub.log if n]
+
+
+def test_no_network_is_said_in_those_words(tmp_path, monkeypatch):
+    """The real client against a local port where nothing listens: the connection is refused."""
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    with pytest.raises(DataError) as e:
+        fetch_fineweb("10B", 0, tmp_path / "fw", log=lambda m: None)
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert msg.startswith("fineweb_val_000000.bin: no network: cannot reach http://127.0.0.1:9 (Connection refused); "
+                          f"fetch the shards on a machine with network and copy them to {tmp_path / 'fw'}")
+    assert "Force download failed" not in msg
+
+
+def test_a_name_that_does_not_resolve(tmp_path, monkeypatch):
+    """As huggingface_hub raises it: its ValueError from the client's ConnectError from the socket's error."""
+    import socket
+
+    class ConnectError(Exception):  # httpx's, by name: the client is an implementation detail
+        pass
+
+    def offline(*args):
+        try:
+            try:
+                raise socket.gaierror(-2, "Name or service not known")
+            except socket.gaierror as inner:
+                raise ConnectError("[Errno -2] Name or service not known") from inner
+        except ConnectError as outer:
+            raise ValueError("Force download failed due to the above error.") from outer
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr("speedrun.fineweb._download", offline)
+    with pytest.raises(DataError, match=r"^fineweb_val_000000.bin: no network: cannot reach \S+ "
+                                         r"\(Name or service not known\); fetch the shards"):
+        fetch_fineweb("10B", 0, tmp_path / "fw", log=lambda m: None)

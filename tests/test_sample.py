@@ -85,3 +85,14 @@ def test_cached_greedy_same_on_gpu():
     prompt = [EOT] + list(range(1000, 1180))
     cpu = generate(model, prompt, 12, temperature=0, window_blocks=2)
     assert generate(model.cuda(), prompt, 12, temperature=0, window_blocks=2) == cpu
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--temperature", "-1"], "--temperature: must be >= 0 (0 = greedy), got -1.0"),
+    (["--temperature", "nan"], "--temperature: must be >= 0 (0 = greedy), got nan"),
+    (["--top-k", "-5"], "--top-k: must be >= 0 (0 = all tokens), got -5"),
+    (["--max-new-tokens", "0"], "--max-new-tokens: must be >= 1, got 0"),
+])
+def test_sampling_options_out_of_range_are_refused_before_loading(tmp_path, capsys, args, message):
+    assert main(["sample", "--ckpt", str(tmp_path / "nope"), *args]) == 2  # no model: refused before loading
+    assert capsys.readouterr().err.strip() == f"speedrun: error: {message}"

@@ -44,7 +44,6 @@ import math
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 import warnings
@@ -57,6 +56,7 @@ import torch.distributed as dist
 
 from speedrun import gpu_clocks
 from speedrun.config import RunConfig, apply_overrides, validate
+from speedrun.errors import SpeedrunError
 
 DOC_LEN = 1000  # mean FineWeb document length in tokens (random data)
 EOT = 50256
@@ -813,9 +813,24 @@ def _env_summary(env: dict) -> dict:
     return {k: env.get(k) for k in ("speedrun", "torch", "triton", "cuda", "cuda_driver", "python", "gpus")}
 
 
+def check_outputs(args) -> None:
+    """`--json` and `--profile` are written after the benchmark: refuse a path that cannot be written
+    before it starts. Only the process that writes them checks (torchrun's other ranks would race it)."""
+    from speedrun.outpaths import check_file
+
+    if os.environ.get("RANK", "0") != "0":
+        return
+    if args.json:
+        check_file(args.json, "--json")
+    if args.profile:
+        check_file(args.profile, "--profile")
+        check_file(args.profile + ".trace.json.gz", "--profile")
+
+
 def cmd_bench(args) -> int:
     from speedrun.dist import shutdown
 
+    check_outputs(args)
     finished = False
     try:
         result = run_bench(args)
@@ -842,14 +857,14 @@ def run_warm(args) -> dict:
 
     t_start = process_start_time()
     cfg = _config(args)
+    why = compile_cache.nothing_to_cache(cfg, compile_cache.run_device())
+    if why:  # before the model is built; `speedrun cache --preset` gives the same reason
+        raise SpeedrunError(f"warm --preset {args.preset}: nothing to cache: {why}")
     args.data = "random"
     cfg.train.val_tokens = int(os.environ.get("WORLD_SIZE", "1")) * cfg.train.val_seq_len  # one validation forward
     session = Session(cfg, args, args.warmup + 2, t_start)
     try:
         tr = session.trainer
-        if not tr.compiled:
-            raise SystemExit("speedrun warm: this preset does not compile on this device "
-                             f"(train.compile={cfg.train.compile}); nothing to cache")
         first_s, warm_s = session.warm_up(args.warmup, t_start, evaluate=True)
         W = session.info.world_size
         _sync(session.device)
@@ -869,12 +884,8 @@ def run_warm(args) -> dict:
 
 
 def cmd_warm(args) -> int:
-    from speedrun import compile_cache
     from speedrun.dist import shutdown
 
-    if not compile_cache.available():
-        print("speedrun warm: this torch has no torch.compiler.save_cache_artifacts; nothing to do", file=sys.stderr)
-        return 1
     finished = False
     try:
         r = run_warm(args)

@@ -7,12 +7,16 @@ key's parts beside its files (`<key>.json`); this command lists them and, for a 
 says which file this machine would load, or which stored file comes nearest and what
 differs (a torch or Triton upgrade, another GPU, changed speedrun sources, another
 world size or config). Files saved before the records existed are listed without one.
-Listing reads only small files; nothing here imports the compiler.
+A run that compiles nothing on this machine (train.compile=auto on a CPU) has no
+cache, and the check says so, in the words `speedrun warm` refuses with.
+Listing reads only small files and imports no compiler; a check with --preset
+imports the trainer, for its own rule of when a run compiles.
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
 
 from speedrun import compile_cache
 
@@ -39,20 +43,29 @@ def table(entries: list[dict]) -> list[str]:
 
 def this_machine(preset: str, overrides: list[str], world_size: int) -> list[str]:
     """Which stored file a run of `preset` on this machine would load, or the nearest and what differs."""
-    import torch
-
     from speedrun.config import apply_overrides
     from speedrun.presets import get_preset
 
     cfg = apply_overrides(get_preset(preset), list(overrides))
-    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    device = compile_cache.run_device()
+    where = f"{preset} on this machine ({compile_cache.device_description(device)}, world size {world_size})"
+    why = compile_cache.nothing_to_cache(cfg, device)
+    if why:  # the reason `speedrun warm` gives too: no advice to run it
+        return [f"{where}: no compile cache to make or load: {why}"]
     parts = compile_cache.key_parts(cfg, device, world_size)
     key = compile_cache.key_from_parts(parts)
-    head = f"{preset} on this machine ({parts['device']}, world size {world_size}): key {key}"
+    head = f"{where}: key {key}"
     if compile_cache.cache_path(key).is_file():
         return [f"{head}: stored; a run loads it"]
     hint = compile_cache.nearest_miss(parts)
-    return [f"{head}: no file; `speedrun warm --preset {preset}` makes one"] + ([hint] if hint else [])
+    return [f"{head}: no file; `{warm_command(preset, overrides, world_size)}` makes one"] + ([hint] if hint else [])
+
+
+def warm_command(preset: str, overrides: list[str], world_size: int) -> str:
+    """The command that makes the file a run of this preset, these overrides and world size loads."""
+    args = " ".join(shlex.quote(a) for o in overrides for a in ("--set", o))
+    start = "speedrun" if world_size == 1 else f"torchrun --standalone --nproc_per_node={world_size} -m speedrun.cli"
+    return f"{start} warm --preset {shlex.quote(preset)}" + (f" {args}" if args else "")
 
 
 def cmd_cache(args) -> int:

@@ -18,6 +18,7 @@ from speedrun.errors import SpeedrunError
 COMMAND_MODULES = [
     "speedrun.env",  # info
     "speedrun.train",  # train
+    "speedrun.presets_cli",  # presets
     "speedrun.ladder",  # ladder
     "speedrun.data_cli",  # data tokenize | fineweb
     "speedrun.stats",  # stats
@@ -32,11 +33,25 @@ COMMAND_MODULES = [
 ]
 
 
+def version() -> str:
+    """The installed distribution's version; the package's own where it runs uninstalled (from a checkout)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("speedrun")
+    except PackageNotFoundError:
+        from speedrun import __version__
+
+        return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="speedrun",
         description="Train, measure and export NanoGPT speedrun models.",
     )
+    parser.add_argument("--version", action="version", version=f"speedrun {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)

@@ -68,6 +68,28 @@ def available() -> bool:
     return callable(getattr(c, "save_cache_artifacts", None)) and callable(getattr(c, "load_cache_artifacts", None))
 
 
+def run_device() -> torch.device:
+    """The device a run started on this machine uses: the first GPU, else the CPU (as `dist.init_distributed`)."""
+    return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def nothing_to_cache(cfg, device: torch.device | str) -> str | None:
+    """Why a run of `cfg` on `device` has no compile cache to make or load, or None when it has one.
+
+    `speedrun warm` refuses with this reason and `speedrun cache` reports it, so the two never
+    disagree: a run that compiles nothing (train.compile=auto on a CPU) has nothing to warm."""
+    from speedrun.train import use_compile  # the trainer's own rule for compiling
+
+    if not available():
+        return f"this torch ({torch.__version__}) has no torch.compiler.save_cache_artifacts"
+    device = torch.device(device)
+    if use_compile(cfg.train.compile, device):
+        return None
+    if cfg.train.compile == "auto":
+        return f"nothing is compiled on {device.type} (train.compile=auto compiles on CUDA only)"
+    return f"nothing is compiled (train.compile={cfg.train.compile})"
+
+
 def enabled() -> bool:
     return os.environ.get(ENV_SWITCH, "on").strip().lower() not in ("0", "off", "no", "false")
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
 import typing
 from dataclasses import dataclass, field
 
@@ -506,11 +507,101 @@ def _one_of(value: str, name: str, options: tuple[str, ...]) -> Check:
 KERNEL_CHOICES = ("torch", "triton", "auto")
 
 
+def _finite(x) -> bool:
+    return not isinstance(x, float) or math.isfinite(x)
+
+
+def _at_least(x, lo, name: str) -> Check:
+    return _finite(x) and x >= lo, name, f"must be >= {lo}, got {x!r}"
+
+
+def _above(x, lo, name: str) -> Check:
+    return _finite(x) and x > lo, name, f"must be > {lo}, got {x!r}"
+
+
+def _within(x, lo, hi, name: str, below_hi: bool = False) -> Check:
+    """`x` in [lo, hi], or [lo, hi) with `below_hi`."""
+    ok = _finite(x) and lo <= x and (x < hi if below_hi else x <= hi)
+    return ok, name, f"must be in [{lo}, {hi}{')' if below_hi else ']'}, got {x!r}"
+
+
+def _betas(betas: tuple[float, ...], name: str) -> Check:
+    ok = all(_finite(b) and 0 <= b < 1 for b in betas)
+    return ok, name, f"each beta must be in [0, 1), got {tuple(betas)}"
+
+
+def _layers(layers: tuple[int, ...], num_layers: int, name: str) -> Check:
+    ok = all(0 <= i < num_layers for i in layers)
+    return ok, name, (f"layer indices must be in 0..{num_layers - 1} (model.num_layers={num_layers}), "
+                      f"got {tuple(layers)}")
+
+
+def _range_checks(cfg: RunConfig) -> list[Check]:
+    """Every number with a range: sizes and counts, learning rates, betas and fractions, layer indices.
+
+    Checked before the rest, whose checks divide by some of these (the sequence lengths' own
+    checks there: positive multiples of the block). A zero learning rate is allowed: it
+    freezes that group, an ablation; a negative one climbs the loss instead of descending it."""
+    m, a, o, sch, t = cfg.model, cfg.attention, cfg.optim, cfg.schedule, cfg.train
+    return [
+        _at_least(m.vocab_size, 1, "model.vocab_size"),
+        _at_least(m.vocab_multiple, 1, "model.vocab_multiple"),
+        _at_least(m.num_layers, 1, "model.num_layers"),
+        _at_least(m.model_dim, 1, "model.model_dim"),
+        _at_least(m.num_heads, 1, "model.num_heads"),
+        _at_least(m.head_dim, 1, "model.head_dim"),
+        _at_least(m.mlp_hidden, 1, "model.mlp_hidden"),
+        _at_least(m.max_positions, 1, "model.max_positions"),
+        _at_least(m.value_embeds, 0, "model.value_embeds"),
+        _at_least(m.logit_softcap, 0, "model.logit_softcap"),
+        _at_least(m.attn_scale, 0, "model.attn_scale"),
+        _at_least(m.gate_inputs, 1, "model.gate_inputs"),
+        _layers(m.no_attn_layers, m.num_layers, "model.no_attn_layers"),
+        _layers(m.long_layers, m.num_layers, "model.long_layers"),
+        _at_least(a.block_size, 1, "attention.block_size"),
+        _at_least(a.window_tokens, 1, "attention.window_tokens"),
+        _at_least(a.segment_len, 0, "attention.segment_len"),
+        _at_least(a.sparse_block, 0, "attention.sparse_block"),
+        _betas(o.adam_betas, "optim.adam_betas"),
+        _above(o.adam_eps, 0, "optim.adam_eps"),
+        _at_least(o.embed_lr, 0, "optim.embed_lr"),
+        _at_least(o.head_lr, 0, "optim.head_lr"),
+        _at_least(o.scalar_lr, 0, "optim.scalar_lr"),
+        _at_least(o.muon_lr, 0, "optim.muon_lr"),
+        _within(o.muon_momentum, 0, 1, "optim.muon_momentum", below_hi=True),
+        _within(o.muon_momentum_start, 0, 1, "optim.muon_momentum_start", below_hi=True),
+        _at_least(o.muon_ns_steps, 0, "optim.muon_ns_steps"),
+        _at_least(o.adamw_lr, 0, "optim.adamw_lr"),
+        _betas(o.adamw_betas, "optim.adamw_betas"),
+        _above(o.adamw_eps, 0, "optim.adamw_eps"),
+        _at_least(o.weight_decay, 0, "optim.weight_decay"),
+        _within(sch.warmup_frac, 0, 1, "schedule.warmup_frac"),
+        _within(sch.cooldown_frac, 0, 1, "schedule.cooldown_frac"),
+        _within(sch.final_lr_frac, 0, 1, "schedule.final_lr_frac"),
+        # may exceed 1: proxy212 keeps the record's 300-step warm-up in a 212-step run
+        _at_least(sch.momentum_warmup_frac, 0, "schedule.momentum_warmup_frac"),
+        (t.steps > 0, "train.steps", f"must be > 0, got {t.steps}"),
+        (t.batch_seqs > 0, "train.batch_seqs", f"must be > 0, got {t.batch_seqs}"),
+        _at_least(t.val_tokens, 0, "train.val_tokens"),
+        _at_least(t.val_every, 0, "train.val_every"),
+        _at_least(t.warmup_steps, 0, "train.warmup_steps"),
+        _at_least(t.warmup_steps_warm, 1, "train.warmup_steps_warm"),
+        (0 <= t.seed < 2**64, "train.seed", f"must be in [0, 2^64), got {t.seed}"),  # numpy's and torch's seeds
+        _at_least(t.log_every, 0, "train.log_every"),
+        _at_least(t.sample_tokens, 0, "train.sample_tokens"),
+        _at_least(t.checkpoint_every_steps, 0, "train.checkpoint_every_steps"),
+        _at_least(t.checkpoint_every_minutes, 0, "train.checkpoint_every_minutes"),
+        _at_least(t.health_every, 0, "train.health_every"),
+        (t.spike_factor == 0 or _finite(t.spike_factor) and t.spike_factor > 1, "train.spike_factor",
+         f"must be 0 (off) or > 1, got {t.spike_factor}"),
+        _at_least(t.max_recoveries, 0, "train.max_recoveries"),
+        (0 < t.recover_lr_factor <= 1, "train.recover_lr_factor", f"must be in (0, 1], got {t.recover_lr_factor}"),
+    ]
+
+
 def _model_checks(m: ModelConfig) -> list[Check]:
     return [
-        (m.num_heads * m.head_dim > 0, "model.num_heads", "heads and head_dim must be > 0"),
         (m.head_dim % 4 == 0, "model.head_dim", f"must be a multiple of 4, got {m.head_dim}"),
-        (m.num_layers >= 1, "model.num_layers", f"must be >= 1, got {m.num_layers}"),
         _one_of(m.activation, "model.activation", ("relu2", "gelu")),
         _one_of(m.positions, "model.positions", ("rotary", "learned")),
         _one_of(m.rotary, "model.rotary", ("half_truncated", "full")),
@@ -558,16 +649,10 @@ def _attention_checks(a: AttentionConfig, t: TrainConfig) -> list[Check]:
 
 def _shape_checks(t: TrainConfig, a: AttentionConfig) -> list[Check]:
     return [
-        (t.steps > 0, "train.steps", f"must be > 0, got {t.steps}"),
         (t.seq_len > 0 and t.seq_len % a.block_size == 0, "train.seq_len",
          f"must be a positive multiple of attention.block_size={a.block_size}, got {t.seq_len}"),
         (t.val_seq_len > 0 and t.val_seq_len % a.block_size == 0, "train.val_seq_len",
          f"must be a positive multiple of attention.block_size={a.block_size}, got {t.val_seq_len}"),
-        (t.batch_seqs > 0, "train.batch_seqs", f"must be > 0, got {t.batch_seqs}"),
-        (t.val_every >= 0, "train.val_every", f"must be >= 0, got {t.val_every}"),
-        (t.val_tokens >= 0, "train.val_tokens", f"must be >= 0, got {t.val_tokens}"),
-        (t.warmup_steps >= 0, "train.warmup_steps", f"must be >= 0, got {t.warmup_steps}"),
-        (t.warmup_steps_warm >= 1, "train.warmup_steps_warm", f"must be >= 1, got {t.warmup_steps_warm}"),
         _one_of(t.dtype, "train.dtype", ("auto", "bfloat16", "float32")),
     ]
 
@@ -592,25 +677,19 @@ def _compile_checks(t: TrainConfig) -> list[Check]:
 
 
 def _run_checks(cfg: RunConfig) -> list[Check]:
-    t, sched = cfg.train, cfg.schedule
     return [
         _one_of(cfg.optim.kind, "optim.kind", ("muon", "adamw")),
         _one_of(cfg.optim.kernel, "optim.kernel", KERNEL_CHOICES),
-        (0 <= sched.cooldown_frac <= 1, "schedule.cooldown_frac", "must be in [0, 1]"),
-        (0 <= sched.warmup_frac <= 1, "schedule.warmup_frac", "must be in [0, 1]"),
-        (t.checkpoint_every_steps >= 0, "train.checkpoint_every_steps", f"must be >= 0, got {t.checkpoint_every_steps}"),
-        (t.checkpoint_every_minutes >= 0, "train.checkpoint_every_minutes", "must be >= 0"),
-        (t.health_every >= 0, "train.health_every", f"must be >= 0, got {t.health_every}"),
-        (t.spike_factor == 0 or t.spike_factor > 1, "train.spike_factor", f"must be 0 (off) or > 1, got {t.spike_factor}"),
-        _one_of(t.on_fault, "train.on_fault", ("stop", "recover")),
-        (t.max_recoveries >= 0, "train.max_recoveries", f"must be >= 0, got {t.max_recoveries}"),
-        (0 < t.recover_lr_factor <= 1, "train.recover_lr_factor", f"must be in (0, 1], got {t.recover_lr_factor}"),
+        _one_of(cfg.train.on_fault, "train.on_fault", ("stop", "recover")),
     ]
 
 
 def validate(cfg: RunConfig, world_size: int = 1) -> None:
     """Refuse values that cannot run, each with one line naming the field."""
     m, a, t = cfg.model, cfg.attention, cfg.train
+    for ok, name, msg in _range_checks(cfg):
+        if not ok:
+            raise ConfigError(f"{name}: {msg}")
     checks = (_shape_checks(t, a) + _model_checks(m) + _attention_checks(a, t) + _compile_checks(t)
               + _run_checks(cfg))
     if m.positions == "learned":

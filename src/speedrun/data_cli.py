@@ -30,7 +30,9 @@ def _err(msg: str) -> None:
 
 def cmd_tokenize(args) -> int:
     from speedrun.corpus import tokenize_files
+    from speedrun.outpaths import check_folder
 
+    check_folder(args.out, "--out")  # one line, before any text is read
     s = tokenize_files(args.inputs, args.out, prefix=args.prefix, val_tokens=args.val_tokens,
                        shard_tokens=args.shard_tokens, split_chars=args.split_chars,
                        workers=args.workers, force=args.force, progress=not args.quiet)
@@ -48,11 +50,26 @@ def cmd_fineweb(args) -> int:
     return 0
 
 
+def shard_files(paths: list[Path]) -> list[Path]:
+    """The shards to check: each file as given, and every *.bin directly inside each folder given."""
+    out = []
+    for path in paths:
+        if path.is_dir():
+            found = sorted(path.glob("*.bin"))
+            if not found:
+                raise DataError(f"{path}: folder holds no shard files (*.bin)")
+            out += found
+        else:
+            out.append(path)
+    return out
+
+
 def cmd_validate(args) -> int:
     from speedrun.shards import validate_shard
 
     bad = 0
-    for path in args.paths:
+    files = shard_files(args.paths)
+    for path in files:
         try:
             n = validate_shard(path, args.vocab_size)
             print(f"{path}: ok, {n:,} tokens")
@@ -60,7 +77,7 @@ def cmd_validate(args) -> int:
             _err(f"speedrun: error: {e}")
             bad += 1
     if bad:
-        raise DataError(f"{bad} of {len(args.paths)} shard(s) failed validation")
+        raise DataError(f"{bad} of {len(files)} shard(s) failed validation")
     return 0
 
 
@@ -100,8 +117,9 @@ def _add_fineweb(sub) -> None:
 
 def _add_validate(sub) -> None:
     p = sub.add_parser("validate", help="check shards fully (header, size, every token id)",
-                       description="Check each shard's header, size and that every id is below the vocabulary.")
-    p.add_argument("paths", nargs="+", type=Path, help="shard files")
+                       description="Check each shard's header, size and that every id is below the vocabulary. "
+                                   "A folder stands for every *.bin file directly inside it.")
+    p.add_argument("paths", nargs="+", type=Path, metavar="PATH", help="shard files or folders of them")
     p.add_argument("--vocab-size", type=_int, default=50257, help="ids must be below this (default 50257)")
     p.set_defaults(func=cmd_validate)
 

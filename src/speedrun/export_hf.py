@@ -70,7 +70,9 @@ def export(ckpt: Path, out: Path, overwrite: bool = False) -> Path:
 
     from speedrun.checkpoint import load_model
 
-    out = Path(out)
+    from speedrun.outpaths import check_folder
+
+    out = check_folder(out, "--out")  # before the model loads: a bad --out costs nothing
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise ConfigError(f"--out {out}: folder exists and is not empty; pass --overwrite")
     model, cfg = load_model(Path(ckpt), "cpu")

@@ -15,15 +15,19 @@ The endpoint and offline mode are read from the environment at call time
 (`HF_ENDPOINT`, `HF_HUB_OFFLINE`); huggingface_hub reads them at import,
 which is too early for tests and for users who set them in the same shell
 session as a Python process that already imported it. Every failure becomes
-one `DataError` line: which file, why, and the command that retries.
+one `DataError` line: which file, why, and the command that retries. A
+connection that cannot be made (no network, a name that does not resolve)
+says so in those words, not as the client's wrapper exception.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 
 from speedrun.errors import DataError
+from speedrun.outpaths import check_folder
 from speedrun.paths import VARIANTS, default_fineweb_dir
 from speedrun.shards import read_header
 
@@ -69,6 +73,28 @@ def _why(e: Exception) -> str:
     return f"HTTP {status}: {first}" if status else f"{type(e).__name__}: {first}"
 
 
+# A connection that was never made: httpx's (huggingface_hub's client) ConnectError and ConnectTimeout, or
+# the socket errors they wrap. A timeout or reset after connecting is another failure, reported as such.
+_CONNECT_ERRORS = ("ConnectError", "ConnectTimeout")
+
+
+def no_connection(e: BaseException) -> str | None:
+    """The innermost reason, e.g. "Name or service not known", when `e` or an exception it was raised
+    from is a connection that could not be made; None for any other failure (an HTTP error, a full disk).
+
+    huggingface_hub raises its own exception from the client's ("Force download failed due to the
+    above error."), so the whole chain is searched."""
+    chain = []
+    while e is not None and e not in chain:
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    if not any(isinstance(x, (ConnectionRefusedError, socket.gaierror))
+               or any(c.__name__ in _CONNECT_ERRORS for c in type(x).__mro__) for x in chain):
+        return None
+    inner = chain[-1]
+    return getattr(inner, "strerror", None) or str(inner) or type(inner).__name__
+
+
 def _download(repo: str, name: str, folder: Path, revision: str) -> None:
     from huggingface_hub import hf_hub_download  # imported late: `speedrun --help` stays fast
 
@@ -82,7 +108,9 @@ def fetch_fineweb(variant: str = "10B", train_shards: int = DEFAULT_TRAIN_SHARDS
     """Make `folder` hold the val shard and train shards 1..N, complete; returns their paths."""
     names = shard_names(variant, train_shards)
     repo = REPOS[variant][0]
+    option = "--dir" if folder else "FineWeb folder"
     folder = Path(folder).expanduser() if folder else default_fineweb_dir(variant)
+    check_folder(folder, option)
     folder.mkdir(parents=True, exist_ok=True)
     retry = f"speedrun data fineweb --variant {variant} --train-shards {train_shards} --dir {folder}"
     paths = []
@@ -101,6 +129,11 @@ def fetch_fineweb(variant: str = "10B", train_shards: int = DEFAULT_TRAIN_SHARDS
         try:
             _download(repo, name, folder, revision)
         except Exception as e:  # any client/network failure: one line, with the retry command
+            reason = no_connection(e)
+            if reason:
+                raise DataError(f"{name}: no network: cannot reach {endpoint()} ({reason}); fetch the shards on a "
+                                f"machine with network and copy them to {folder}, or set HF_ENDPOINT to a mirror "
+                                f"this machine reaches; then: {retry}") from None
             raise DataError(f"{name}: download from {endpoint()}/datasets/{repo} failed ({_why(e)}); "
                             f"retry with: {retry}") from None
         try:

@@ -10,7 +10,9 @@ without tokens appear in the time panel only), e.g. docs/reference-proxy212.csv.
 The Agg backend is chosen inside `plot_runs`, not at import, so importing this
 module never changes the backend of a caller's interactive session. The
 y-axis ignores the step-0 loss (~10.8, the same for every run) so that the
-part where runs differ fills the panel.
+part where runs differ fills the panel. `--out` is checked before any run is
+read: its suffix names a format matplotlib writes (none: .png, as matplotlib
+itself would add) and its place takes a new file.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import argparse
 import csv
 from pathlib import Path
 
-from speedrun.errors import DataError
+from speedrun.errors import ConfigError, DataError
 
 REQUIRED = ("step", "val_loss", "train_time_ms")
 
@@ -101,10 +103,30 @@ def _draw(ax, c: dict, x_key: str, scale: float, ref: int | None) -> None:
     ax.plot(xs, ys, label=f"{c['label']} (final {c['val_loss'][-1]:.3f})", **style)
 
 
+def output_path(out: str | Path) -> Path:
+    """The file `--out` names, with the .png matplotlib would add to a name without a suffix; one line
+    if matplotlib cannot write that format or the file cannot be created there."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    from speedrun.outpaths import check_file
+
+    out = Path(out)
+    if out.is_dir():
+        raise ConfigError(f"--out {out}: is a folder, not a file")
+    if out.name and not out.suffix:
+        out = out.with_name(out.name + ".png")
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if out.name and out.suffix[1:].lower() not in formats:
+        raise ConfigError(f"--out {out}: matplotlib cannot write {out.suffix} files; use one of "
+                          f"{', '.join('.' + f for f in sorted(formats))}")
+    return check_file(out, "--out")
+
+
 def plot_runs(runs: list[str], out: Path, references: list[dict] | None = None, target: float | None = None) -> Path:
     """Write the two-panel PNG and return its path."""
     import matplotlib
 
+    out = output_path(out)
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -130,7 +152,6 @@ def plot_runs(runs: list[str], out: Path, references: list[dict] | None = None, 
     axes[0].set_title("Validation loss vs training time")
     axes[1].set_title("Validation loss vs tokens seen")
     axes[1].legend(loc="upper right", fontsize=8)
-    out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
     plt.close(fig)

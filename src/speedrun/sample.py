@@ -18,6 +18,7 @@ CPU with a seeded generator, so a seed gives the same text on any device.
 from __future__ import annotations
 
 import argparse
+import math
 
 import torch
 import torch.nn.functional as F
@@ -195,6 +196,10 @@ def cli_sample(args: argparse.Namespace) -> int:
 
     if args.max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens: must be >= 1, got {args.max_new_tokens}")
+    if not (math.isfinite(args.temperature) and args.temperature >= 0):  # 0 is greedy; below 0 means nothing
+        raise ConfigError(f"--temperature: must be >= 0 (0 = greedy), got {args.temperature}")
+    if args.top_k < 0:
+        raise ConfigError(f"--top-k: must be >= 0 (0 = all tokens), got {args.top_k}")
     model, _ = load_model(args.ckpt, resolve_device(args.device))
     text = generate_text(model, args.prompt, args.max_new_tokens, temperature=args.temperature,
                          top_k=args.top_k, seed=args.seed)

@@ -1,0 +1,79 @@
+"""Golden figures: a few training steps' losses and gradient checksums of a preset on random tokens.
+
+A change that should not touch the math (moving code, deleting a switch, adopting a kernel as the code)
+must leave these figures as they were. They come from the trainer exactly as a run builds it (its warm-up
+and restore included), so every fast path the default takes is in them. Recorded figures live in
+tests/golden/*.json; `python tests/golden_helpers.py PRESET STEPS [KEY=VALUE ...]` prints new ones.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+GOLDEN = Path(__file__).with_name("golden")
+
+
+def _checksum(model: torch.nn.Module) -> list[float]:
+    """Per-parameter float64 sums of the gradient, in the model's parameter order: any changed bit of a
+    gradient changes its sum (short of an exactly cancelling pair)."""
+    return [p.grad.double().sum().item() if p.grad is not None else 0.0 for p in model.parameters()]
+
+
+def figures(preset: str, steps: int, overrides: list[str] = ()) -> dict:
+    """Losses and gradient checksums of the first `steps` steps of `preset` on random tokens."""
+    from speedrun.bench import write_random_data
+    from speedrun.config import apply_overrides
+    from speedrun.dist import init_distributed
+    from speedrun.presets import get_preset
+    from speedrun.train import Trainer
+
+    cfg = apply_overrides(get_preset(preset), ["train.warmup_steps=1", "train.val_tokens=0", *overrides])
+    info = init_distributed()
+    with tempfile.TemporaryDirectory() as tmp:
+        write_random_data(Path(tmp) / "data", cfg, steps, info.world_size, seed=cfg.train.seed)
+        cfg.data.data_dir = str(Path(tmp) / "data")
+        cfg.data.train_pattern, cfg.data.val_pattern = "bench_train_*.bin", "bench_val_*.bin"
+        trainer = Trainer(cfg, info, Path(tmp) / "run", progress=False)
+        try:
+            sums: list[list[float]] = []
+            before = trainer.guard.before_update
+
+            def record(step: int) -> None:
+                before(step)
+                if trainer.guard.active:
+                    sums.append(_checksum(trainer.model))
+
+            trainer.guard.before_update = record
+            trainer.warm_up()
+            trainer.guard.start()
+            losses = [trainer.train_step(s).item() for s in range(steps)]
+        finally:
+            trainer.release_compile()
+            trainer.loader.close()
+            trainer.guard.close()
+            trainer.out.close()
+    return {"preset": preset, "overrides": list(overrides), "losses": losses, "grad_sums": sums}
+
+
+def load(name: str) -> dict:
+    return json.loads((GOLDEN / f"{name}.json").read_text())
+
+
+def machine() -> dict:
+    """What the bits depend on besides the code."""
+    import triton
+
+    if torch.cuda.is_available():
+        return {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}
+    return {"cpu": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__,
+            "threads": torch.get_num_threads()}
+
+
+if __name__ == "__main__":
+    out = figures(sys.argv[1], int(sys.argv[2]), sys.argv[3:])
+    print(json.dumps({**out, "machine": machine()}, indent=1))
