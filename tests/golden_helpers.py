@@ -3,7 +3,9 @@
 A change that should not touch the math (moving code, deleting a switch, adopting a kernel as the code)
 must leave these figures as they were. They come from the trainer exactly as a run builds it (its warm-up
 and restore included), so every fast path the default takes is in them. Recorded figures live in
-tests/golden/*.json; `python tests/golden_helpers.py PRESET STEPS [KEY=VALUE ...]` prints new ones.
+tests/golden/*.json: `golden_helpers.py run` records one run's figures, twice in two processes, and
+`golden_helpers.py merge` makes them one case, the second run kept as the spread the old code has
+between two runs of its own.
 """
 
 from __future__ import annotations
@@ -74,6 +76,24 @@ def machine() -> dict:
             "threads": torch.get_num_threads()}
 
 
+def merge(first: dict, second: dict) -> dict:
+    """One case from two runs of the same commit in two processes: the first's figures, and the second's
+    as `repeat`, whose difference is the default path's own run-to-run spread (GPU atomics)."""
+    return {**first, "repeat": {"losses": second["losses"], "grad_sums": second["grad_sums"]}}
+
+
+def _usage() -> None:
+    raise SystemExit("usage: golden_helpers.py run OUT.json PRESET STEPS [SECTION.FIELD=VALUE ...]\n"
+                     "       golden_helpers.py merge NAME FIRST.json SECOND.json  (-> tests/golden/NAME.json)")
+
+
 if __name__ == "__main__":
-    out = figures(sys.argv[1], int(sys.argv[2]), sys.argv[3:])
-    print(json.dumps({**out, "machine": machine()}, indent=1))
+    args = sys.argv[1:]
+    if len(args) >= 4 and args[0] == "run":
+        out = figures(args[2], int(args[3]), args[4:])
+        Path(args[1]).write_text(json.dumps({**out, "machine": machine()}, indent=1) + "\n")
+    elif len(args) == 4 and args[0] == "merge":
+        first, second = (json.loads(Path(a).read_text()) for a in args[2:])
+        (GOLDEN / f"{args[1]}.json").write_text(json.dumps(merge(first, second), indent=1) + "\n")
+    else:
+        _usage()
