@@ -12,7 +12,7 @@ that mark source lines. With REFERENCE_DIR (an earlier run's DIR, e.g. from the 
 compares the two file by file and exits 1 if any differs.
 
 Why a script and not a test: a refactor is meant to keep the PTX identical, but a kernel change is meant
-to alter it; the comparison is the evidence for the first kind (docs/benchmarks.md, forty-second session).
+to alter it; the comparison is the evidence for the first kind (first used for `79c3465`).
 Triton's version matters: run it under the GPU machine's Triton as well (a wheel installed with
 `pip install --target`, put first on PYTHONPATH).
 """

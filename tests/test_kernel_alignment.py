@@ -1,4 +1,4 @@
-"""scripts/device/kernel_alignment.py: the scan for generated Triton kernels compiled without 16-byte
+"""scripts/kernel_alignment.py: the scan for generated Triton kernels compiled without 16-byte
 alignment hints, on kernel sources written as Inductor writes them (torch 2.11's `triton_meta`)."""
 
 import importlib.util
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "device" / "kernel_alignment.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "kernel_alignment.py"
 
 
 def _module():
