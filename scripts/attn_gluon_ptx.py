@@ -21,8 +21,8 @@ import re
 import sys
 from pathlib import Path
 
-from speedrun import attn_gluon as A
-from speedrun.relu2_gluon import resource_usage
+from speedrun.kernels import attn_gluon as A
+from speedrun.kernels.relu2_gluon import resource_usage
 
 VARIANTS = [("fwd", 2, 0), ("fwd", 3, 0), ("fwd", 2, 1), ("fwd_overlap", 2, 0), ("fwd_overlap", 2, 1),
             ("dq", 2, 0), ("dq", 3, 0), ("dq", 2, 1), ("dkdv", 2, 0), ("dkdv", 2, 1)]

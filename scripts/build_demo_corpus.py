@@ -29,7 +29,7 @@ import lzma
 import tempfile
 from pathlib import Path
 
-from speedrun.corpus import read_documents, split_document, tokenize_files
+from speedrun.data.corpus import read_documents, split_document, tokenize_files
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_SOURCE = Path("/work/shared/demo/classics.jsonl.xz")

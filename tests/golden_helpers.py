@@ -28,11 +28,11 @@ def _checksum(model: torch.nn.Module) -> list[float]:
 
 def figures(preset: str, steps: int, overrides: list[str] = ()) -> dict:
     """Losses and gradient checksums of the first `steps` steps of `preset` on random tokens."""
-    from speedrun.bench import write_random_data
+    from speedrun.bench.step import write_random_data
     from speedrun.config import apply_overrides
-    from speedrun.dist import init_distributed
-    from speedrun.presets import get_preset
-    from speedrun.train import Trainer
+    from speedrun.train.dist import init_distributed
+    from speedrun.recipes.registry import get_preset
+    from speedrun.train.loop import Trainer
 
     cfg = apply_overrides(get_preset(preset), ["train.warmup_steps=1", "train.val_tokens=0", *overrides])
     info = init_distributed()

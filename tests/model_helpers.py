@@ -7,8 +7,8 @@ import torch
 from speedrun.config import RunConfig, apply_overrides, validate
 from speedrun.errors import ConfigError
 
-from speedrun.model import GPT
-from speedrun.presets import demo
+from speedrun.model.gpt import GPT
+from speedrun.recipes.presets import demo
 
 
 def random_tiny_model(seed=0, **fields):

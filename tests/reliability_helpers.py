@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from speedrun import cli
+from speedrun.cli import main as cli
 
 TINY = [
     "--no-progress",

@@ -8,7 +8,7 @@ practice on CPU).
 import pytest
 import torch
 
-from speedrun.adam import DistAdam
+from speedrun.optim.adam import DistAdam
 
 
 def make(shapes, seed=0):

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from speedrun.attention import (
+from speedrun.model.attention import (
     AttentionMasks, EOT, block_structure, dense_mask, document_ids, kept_blocks, window_counts,
 )
 
@@ -41,7 +41,7 @@ def test_block_lists_are_what_torch_derives(seed, sparse):
     block: exactly what `BlockMask.from_kv_blocks` derives from those, values and strides."""
     from torch.nn.attention.flex_attention import BlockMask
 
-    from speedrun.attention import flex_block_mask, refined_blocks
+    from speedrun.model.attention import flex_block_mask, refined_blocks
 
     gen = torch.Generator().manual_seed(seed)
     bs = 16
@@ -78,7 +78,7 @@ def test_dense_mask_rules():
 def refined_mask(docs, w, bs, sb):
     """Expand the `sparse_block`-granular selection to a (T, T) mask: partial sub-blocks through the
     token rule, full ones wholly (so a wrongly "full" sub-block shows)."""
-    from speedrun.attention import refined_blocks
+    from speedrun.model.attention import refined_blocks
 
     part, full = refined_blocks(block_structure(docs, bs), torch.tensor(w), bs, sb)
     assert not (part & full).any()
@@ -103,7 +103,7 @@ def test_finer_sparse_blocks_compute_the_same_mask(seed):
 
 def test_finer_sparse_blocks_skip_invisible_tiles():
     """One document: the diagonal block's upper sub-block is dropped and its lower one is full."""
-    from speedrun.attention import refined_blocks
+    from speedrun.model.attention import refined_blocks
 
     docs = torch.zeros(64, dtype=torch.long)
     part, full = refined_blocks(block_structure(docs, 32), torch.tensor(1), 32, 16)
@@ -131,7 +131,7 @@ def test_flex_equals_dense_forward_cpu(seed, sparse):
 @pytest.mark.gpu
 @pytest.mark.parametrize("seed,sparse", [(0, None), (1, None), (2, None), (0, 64), (1, 64)])
 def test_compiled_flex_equals_dense_with_grad_gpu(cuda, seed, sparse):
-    from speedrun.flex_tiles import use_sparse_block
+    from speedrun.kernels.flex_tiles import use_sparse_block
 
     gen = torch.Generator().manual_seed(seed)
     bs, T, H, D = 128, 4096, 6, 128
@@ -175,9 +175,9 @@ def test_flex_options_parse_and_validate():
 
 def test_flex_options_reach_the_kernel_call(monkeypatch):
     """The model hands its parsed options to every FlexAttention call (and none when empty)."""
-    import speedrun.attention as attention_mod
+    import speedrun.model.attention as attention_mod
     from speedrun.config import AttentionConfig, ModelConfig
-    from speedrun.model import GPT
+    from speedrun.model.gpt import GPT
 
     seen = []
     monkeypatch.setattr(attention_mod, "flex_attention",
@@ -198,7 +198,7 @@ def test_fine_block_choices_keep_fitting_configs_or_clip(monkeypatch):
     from torch._inductor.choices import InductorChoices
     from torch._inductor.template_heuristics.triton import FlexBwDConfig
 
-    from speedrun.flex_tiles import FineBlockChoices, fits
+    from speedrun.kernels.flex_tiles import FineBlockChoices, fits
 
     torch_default = [FlexBwDConfig(64, 128, 128, 64, 3, 8)]
     monkeypatch.setattr(InductorChoices, "get_flex_attention_bwd_configs", lambda self, *a, **k: list(torch_default))
@@ -213,7 +213,7 @@ def test_use_sparse_block_installs_only_below_the_block():
     from torch._inductor import config as inductor_config
     from torch._inductor.virtualized import V
 
-    from speedrun.flex_tiles import FineBlockChoices, use_sparse_block
+    from speedrun.kernels.flex_tiles import FineBlockChoices, use_sparse_block
 
     # Inductor's own patch restores the option on exit; monkeypatch would delete the attribute, which
     # Inductor's config module then no longer has for the tests after this one
@@ -253,7 +253,7 @@ def test_choices_are_installed_in_the_thread_that_runs_the_backward():
 
     from torch._inductor.virtualized import V
 
-    from speedrun.flex_tiles import FineBlockChoices, _InstallOnBackward
+    from speedrun.kernels.flex_tiles import FineBlockChoices, _InstallOnBackward
 
     seen = []
 

@@ -11,14 +11,14 @@ import math
 import pytest
 import torch
 
-from speedrun.attention import block_structure, dense_mask, document_ids, flex_block_mask, flex_attention
+from speedrun.model.attention import block_structure, dense_mask, document_ids, flex_block_mask, flex_attention
 from speedrun.config import AttentionConfig, parse_flex_options
 from tests.test_attention import random_tokens
 
 
 def _gluon():
     pytest.importorskip("triton")
-    from speedrun import attn_gluon as A
+    from speedrun.kernels import attn_gluon as A
     if not A.available():
         pytest.skip("Triton's Gluon (Hopper) does not import here")
     return A
@@ -34,7 +34,7 @@ def test_compiles_for_hopper_without_spills(which, stages, q_reg):
     TMA, the exponentials ex2. Under the Triton installed here: the GPU machine's Triton 3.6 spills 48 bytes in dK/dV
     (scripts/attn_gluon_ptx.py shows it; docs/performance.md)."""
     A = _gluon()
-    from speedrun.relu2_gluon import resource_usage
+    from speedrun.kernels.relu2_gluon import resource_usage
 
     kernel = A.compile_offline(which, {"STAGES": stages, "Q_REG": q_reg, "DQ_Q_REG": q_reg, "DKDV_SMEM": q_reg})
     usage = resource_usage(kernel.asm["cubin"])
@@ -45,7 +45,7 @@ def test_compiles_for_hopper_without_spills(which, stages, q_reg):
 
 
 def test_rows_view_takes_both_layouts_and_names_bad_input():
-    from speedrun import attn_gluon as A
+    from speedrun.kernels import attn_gluon as A
 
     t, h, d = 128, 3, 64
     model = torch.randn(1, t, h, d).bfloat16().transpose(1, 2)  # the model's (1, H, T, D) view
@@ -173,7 +173,7 @@ def test_gpu_int32_ids_change_no_bit(cuda, seed, window):
 
 
 def test_backend_is_checked_before_it_runs():
-    from speedrun.attention import pick_backend
+    from speedrun.model.attention import pick_backend
     from speedrun.config import RunConfig, validate
     from speedrun.errors import ConfigError
 
@@ -193,8 +193,8 @@ def test_gpu_gradients_match_dense_reference_and_flex(cuda, seed, window):
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the kernel is for Hopper (sm_90)")
     _gluon()
-    from speedrun.attention import AttentionMasks
-    from speedrun.flex_tiles import use_sparse_block
+    from speedrun.model.attention import AttentionMasks
+    from speedrun.kernels.flex_tiles import use_sparse_block
 
     use_sparse_block(64, 128, cuda)  # FlexAttention's backward tiles on the 64-token mask, as the model has them
     t, scale = 4096, 0.12
@@ -223,9 +223,9 @@ def test_gpu_compiled_model_step_matches_flex(cuda):
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the kernel is for Hopper (sm_90)")
     _gluon()
-    from speedrun import presets
-    from speedrun.flex_tiles import use_sparse_block
-    from speedrun.train import build_model
+    from speedrun.recipes import presets
+    from speedrun.kernels.flex_tiles import use_sparse_block
+    from speedrun.train.setup import build_model
 
     cfg = presets.proxy212()
     # build_model installs FlexAttention's 64-token backward tiles only when it picks flex; on Hopper it
@@ -258,7 +258,8 @@ def test_gpu_compiled_model_step_matches_flex(cuda):
 def test_auto_picks_gluon_only_where_it_was_measured(monkeypatch, cap, tiles, head_dim, gluon_ok, want):
     """`auto` on a CUDA device: the Gluon kernels on Hopper at 64-token tiles and head_dim 128 where Gluon
     imports, FlexAttention otherwise; the dense reference on a CPU whatever the shapes."""
-    from speedrun import attention, attn_gluon
+    from speedrun.model import attention
+    from speedrun.kernels import attn_gluon
 
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: cap)
     monkeypatch.setattr(attn_gluon, "available", lambda: gluon_ok)
@@ -275,7 +276,7 @@ def test_auto_picks_gluon_only_where_it_was_measured(monkeypatch, cap, tiles, he
 def test_block_lists_encode_the_dense_mask(seed, window):
     """The kernels' plain-PyTorch reference (`attn_gluon.reference`: the mask rebuilt from the block lists
     they walk) against the independent token-level dense reference."""
-    from speedrun import attn_gluon as A
+    from speedrun.kernels import attn_gluon as A
 
     t = 1024
     docs, q, k, v = _case(seed, t, "cpu")
@@ -293,8 +294,8 @@ def test_op_autograd_and_fake_on_the_cpu(monkeypatch):
     kernels' launchers replaced by the plain-PyTorch references (`reference`, `reference_backward`: the
     kernels' formulas): eagerly and under torch.compile (aot_eager), outputs and gradients equal the dense
     backend's under autograd."""
-    from speedrun import attn_gluon as A
-    from speedrun.attention import AttentionMasks
+    from speedrun.kernels import attn_gluon as A
+    from speedrun.model.attention import AttentionMasks
 
     seen = []
 
@@ -345,7 +346,7 @@ def test_op_autograd_and_fake_on_the_cpu(monkeypatch):
 
 def test_narrow_ids_only_where_the_largest_id_fits():
     """int32 ids where the host's bound on them fits, the model's int64 where it might not; the same values."""
-    from speedrun.attention import narrow_ids
+    from speedrun.model.attention import narrow_ids
 
     docs = torch.tensor([0, 0, 1, 2**31 - 2])
     assert narrow_ids(docs, 2**31 - 1).dtype == torch.int32 and narrow_ids(docs, 2**31 - 1).tolist() == docs.tolist()
@@ -356,7 +357,7 @@ def test_kernels_are_where_the_portable_cache_looks():
     """`triton_bundle` packs the Triton cache folders of the JIT functions bound as globals of speedrun
     modules: the three attention kernels are among them once built."""
     A = _gluon()
-    from speedrun import triton_bundle
+    from speedrun.compile import triton_bundle
 
     built = A._build()
     found = list(triton_bundle._jit_functions())
@@ -368,9 +369,9 @@ def test_model_hands_the_configs_kernel_variants_to_the_launchers(monkeypatch):
     `gluon_docs_i32` from its config for every Gluon call, forward and backward: the defaults (Q_REG on since
     the forty-first session, DQ_Q_REG and int32 ids since the forty-third, DKDV_SMEM since the forty-fourth)
     and configs that turn them around."""
-    from speedrun import attn_gluon as A
+    from speedrun.kernels import attn_gluon as A
     from speedrun.config import AttentionConfig, ModelConfig
-    from speedrun.model import GPT
+    from speedrun.model.gpt import GPT
 
     seen = []
 

@@ -45,7 +45,7 @@ def test_plain_ptx_keeps_instructions_and_branch_labels_only():
 
 def test_compares_a_dump_with_a_reference(tmp_path, monkeypatch):
     mod = _module()
-    from speedrun import attn_gluon as A
+    from speedrun.kernels import attn_gluon as A
     if not A.available():
         pytest.skip("Triton's Gluon (Hopper) does not import here")
     monkeypatch.setattr(mod, "VARIANTS", [("dq", 2, 0)])

@@ -47,9 +47,9 @@ import torch.nn.functional as F
 
 from interpreter_helpers import run_interpreted
 from model_helpers import assert_field_validated
-from speedrun import attn_inputs as ai
+from speedrun.kernels import attn_inputs as ai
 from speedrun.config import ModelConfig
-from speedrun.model import Attention, Rotary
+from speedrun.model.gpt import Attention, Rotary
 
 LAMBDAS = (0.625, -0.4375)  # neither 0 nor 1: a dropped, swapped or doubled λ term shows
 
@@ -200,8 +200,8 @@ _INTERPRETED = textwrap.dedent(r'''
     assert os.environ.get("TRITON_INTERPRET") == "1"
     import torch
     import torch.nn.functional as F
-    from speedrun import attn_inputs as ai
-    from speedrun.model import Rotary
+    from speedrun.kernels import attn_inputs as ai
+    from speedrun.model.gpt import Rotary
 
     LAMBDAS = (0.625, -0.4375)
     EPS = torch.finfo(torch.float32).eps
@@ -308,7 +308,7 @@ _INTERPRETED = textwrap.dedent(r'''
 
     # the model reaches the kernel: Attention.project with qk_kernel=triton, against qk_kernel=torch
     from speedrun.config import ModelConfig
-    from speedrun.model import Attention
+    from speedrun.model.gpt import Attention
     launches = []
     launch_forward = ai.launch_forward
     ai.launch_forward = lambda *a: launches.append(1) or launch_forward(*a)
@@ -495,9 +495,9 @@ def test_gpu_kernel_matches_reference_at_record_shape(cuda):
 def test_gpu_model_loss_and_grads_same_with_either_kernel(cuda):
     """The compiled model (bf16, like training) with qk_kernel=triton against qk_kernel=torch."""
     from speedrun.config import AttentionConfig
-    from speedrun.model import GPT
+    from speedrun.model.gpt import GPT
 
-    from speedrun.flex_tiles import use_sparse_block
+    from speedrun.kernels.flex_tiles import use_sparse_block
 
     cfg = ModelConfig(num_layers=2, value_embeds=1, model_dim=768, num_heads=6, head_dim=128, mlp_hidden=512,
                       vocab_size=1000, no_attn_layers=(), long_layers=(0,), fp8_head=False)
@@ -538,8 +538,8 @@ def test_gpu_compiled_model_keeps_custom_op_outputs_aligned(cuda):
     from torch._inductor.utils import run_and_get_code
 
     from speedrun.config import AttentionConfig
-    from speedrun.flex_tiles import use_sparse_block
-    from speedrun.model import GPT
+    from speedrun.kernels.flex_tiles import use_sparse_block
+    from speedrun.model.gpt import GPT
 
     # two layers: the λ section starts at float 6, so the plain slice for layer 0 sat at byte 24
     cfg = ModelConfig(num_layers=2, value_embeds=1, model_dim=768, num_heads=6, head_dim=128, mlp_hidden=512,
@@ -566,9 +566,9 @@ def test_gpu_compiled_model_keeps_custom_op_outputs_aligned(cuda):
 _ALIGNMENT_SCRIPT = r"""
 import json, re, sys, torch
 from torch._inductor.utils import run_and_get_code
-from speedrun import model as model_mod
+from speedrun.model import gpt as model_mod
 from speedrun.config import AttentionConfig, ModelConfig
-from speedrun.model import GPT
+from speedrun.model.gpt import GPT
 if sys.argv[1] == "plain":  # the λ pairs as plain slices of the scalars, as before the twenty-eighth session
     model_mod.aligned_pairs = lambda v: v.view(-1, 2)
 cfg = ModelConfig(num_layers=2, value_embeds=1, model_dim=64, num_heads=2, head_dim=32, mlp_hidden=128,

@@ -15,9 +15,11 @@ import numpy as np
 import pytest
 import torch
 
-from speedrun import bench, compile_cache
+from speedrun.bench import step as bench
+
+from speedrun.compile import cache as compile_cache
 from speedrun.config import ConfigError, apply_overrides, validate
-from speedrun.presets import get_preset
+from speedrun.recipes.registry import get_preset
 
 TINY = ["model.num_layers=2", "model.value_embeds=1", "model.long_layers=0", "model.no_attn_layers=",
         "model.model_dim=64", "model.num_heads=1", "model.head_dim=64", "model.mlp_hidden=128",
@@ -97,8 +99,8 @@ def test_device_idle_merges_overlaps_and_ranks_gaps():
 
 
 def test_bench_cpu_tiny(tmp_path, capsys, monkeypatch):
-    from speedrun import gpu_clocks
-    from speedrun.cli import main
+    from speedrun.bench import gpu_clocks
+    from speedrun.cli.main import main
 
     seen = {}
     clocks = gpu_clocks.summarize([gpu_clocks.parse_row("1560, 1980, 690.0, 700.00, 58", ())], False)
@@ -133,7 +135,7 @@ def test_bench_cpu_tiny(tmp_path, capsys, monkeypatch):
     assert r["energy_j_per_step"] == pytest.approx(690.0 * r["ms_per_step"] / 1e3)
     assert r["sm_mcycles_per_step"] == pytest.approx(1560 * r["ms_per_step"] / 1e3)
     assert f"{r['energy_j_per_step']:.1f} J, {r['sm_mcycles_per_step']:.1f} M SM cycles" in text
-    from speedrun import compare  # the file `speedrun compare` reads: every figure it compares is there
+    from speedrun.tools import compare
 
     m = compare.load(str(out))
     assert m["kind"] == "bench" and m["sm_clock_mhz"] == 1560 and m["final_val_loss"] is None
@@ -154,8 +156,8 @@ def test_bench_cpu_tiny(tmp_path, capsys, monkeypatch):
 
 
 def test_plan_collectives_two_ranks():
-    from speedrun.model import GPT
-    from speedrun.optimizers import build_optimizers
+    from speedrun.model.gpt import GPT
+    from speedrun.optim.groups import build_optimizers
 
     cfg = apply_overrides(get_preset("demo"), TINY)
     model = GPT(cfg.model, cfg.attention, pad_scalars_to=2)
@@ -312,7 +314,7 @@ def test_records_survive_damage_and_old_files(fake_torch_cache):
 
 
 def test_cache_command_lists_files_and_checks_a_preset(fake_torch_cache, capsys, monkeypatch):
-    from speedrun.cli import main
+    from speedrun.cli.main import main
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the check is of a run on the CPU
     cfg = apply_overrides(get_preset("demo"), ["train.compile=on"])  # a run that compiles there
@@ -340,7 +342,7 @@ def test_cache_command_lists_files_and_checks_a_preset(fake_torch_cache, capsys,
 
 def test_cache_and_warm_agree_where_nothing_is_compiled(fake_torch_cache, capsys, monkeypatch):
     """`cache` advises `warm` only where `warm` makes a file: train.compile=auto compiles nothing on a CPU."""
-    from speedrun.cli import main
+    from speedrun.cli.main import main
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(bench, "Session", None)  # warm refuses before it builds anything
@@ -379,8 +381,8 @@ def test_compile_regional_is_a_valid_mode():
 
 @pytest.mark.slow
 def test_regional_compile_matches_eager():
-    from speedrun.model import GPT
-    from speedrun.regional import compile_regions
+    from speedrun.model.gpt import GPT
+    from speedrun.compile.regional import compile_regions
 
     torch._dynamo.reset()
     cfg = apply_overrides(get_preset("demo"), ["model.num_layers=4", "model.value_embeds=1",
@@ -415,7 +417,7 @@ def test_regional_compile_matches_eager():
 @pytest.mark.slow
 def test_warm_then_run_loads_cache(tmp_path, monkeypatch, capsys):
     """`speedrun warm` on a compiled tiny preset saves a cache that a Trainer then loads."""
-    from speedrun.cli import main
+    from speedrun.cli.main import main
 
     torch._dynamo.reset()
     monkeypatch.setenv("SPEEDRUN_HOME", str(tmp_path / "home"))
@@ -448,7 +450,7 @@ def test_warm_then_run_loads_cache(tmp_path, monkeypatch, capsys):
 
 
 def test_compiled_graph_counter_sees_a_recompile():
-    from speedrun.startup import compiled_graphs
+    from speedrun.compile.startup import compiled_graphs
 
     torch._dynamo.reset()
     f = torch.compile(lambda x: x * 2 + 1, dynamic=False)
@@ -470,8 +472,8 @@ def test_sync_count_ignores_the_debug_modes_own_notice():
 def test_random_data_is_capped_and_the_loader_wraps(tmp_path):
     """A long bench (the 1695-step schedule) writes at most RANDOM_DATA_MAX_STEPS steps of
     random tokens per rank; the loader then wraps around, which does not change a step's time."""
-    from speedrun.loader import TrainLoader
-    from speedrun.shards import read_shard
+    from speedrun.data.loader import TrainLoader
+    from speedrun.data.shards import read_shard
 
     cfg = apply_overrides(get_preset("demo"), TINY)
     bench.write_random_data(tmp_path / "a", cfg, 1695, world_size=1)

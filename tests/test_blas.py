@@ -9,10 +9,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from speedrun import blas, relu2_mlp
+from speedrun.kernels import blas
+
+from speedrun.kernels import relu2_mlp
 from speedrun.config import validate
 from speedrun.errors import ConfigError
-from speedrun.presets import demo
+from speedrun.recipes.presets import demo
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -89,7 +91,7 @@ def test_mlp_reference_takes_the_choice():
 
 def test_model_trains_the_same_with_every_choice():
     from speedrun.config import apply_overrides
-    from speedrun.model import GPT
+    from speedrun.model.gpt import GPT
 
     losses = {}
     for choice in blas.WGRAD_CHOICES:  # zero_init off: with the head at zero no block would get a gradient

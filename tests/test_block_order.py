@@ -9,14 +9,14 @@ import torch
 
 from interpreter_helpers import run_interpreted
 from model_helpers import assert_field_validated
-from speedrun import block_order
+from speedrun.kernels import block_order
 
 _INTERPRETED = textwrap.dedent(r'''
     import json, os
     assert os.environ.get("TRITON_INTERPRET") == "1"
     import torch
-    from speedrun import block_order
-    from speedrun.attention import block_structure, document_ids, flex_block_mask
+    from speedrun.kernels import block_order
+    from speedrun.model.attention import block_structure, document_ids, flex_block_mask
 
     g = torch.Generator().manual_seed(0)
     out = {"cases": [], "masks": [], "opcheck": {}}
@@ -90,7 +90,7 @@ def test_gpu_kernel_is_the_argsort_at_record_size(cuda):
     """768 x 768 blocks (49,152 tokens in 64-token blocks): random matrices of three densities and
     the record's own lists from FineWeb-like documents, both directions, rows and transposed."""
     pytest.importorskip("triton")
-    from speedrun.attention import block_structure, document_ids, refined_blocks
+    from speedrun.model.attention import block_structure, document_ids, refined_blocks
 
     g = torch.Generator("cuda").manual_seed(0)
     mats = [torch.rand(768, 768, generator=g, device=cuda) < d for d in (0.01, 0.5, 0.99)]

@@ -9,7 +9,7 @@ GPU both outputs must equal the lean kernel's gradient and its transposed copy b
 import pytest
 import torch
 
-from speedrun import ce_grad_gluon as G
+from speedrun.kernels import ce_grad_gluon as G
 
 
 def _gluon():
@@ -28,7 +28,7 @@ def test_compiles_for_hopper_without_spills(cfg):
     16-byte stores of four words after the layout conversion, and 2.5 special-function ops an element as
     in the lean kernel."""
     _gluon()
-    from speedrun.relu2_gluon import resource_usage
+    from speedrun.kernels.relu2_gluon import resource_usage
 
     kernel = G.compile_offline(cfg=cfg)
     cubin = kernel.asm["cubin"]
@@ -63,7 +63,8 @@ def test_applies_only_to_e5m2_on_a_gpu():
 
 
 def _lean_and_both(z, t, rowsums=None):
-    from speedrun import softcap_ce as sc, transpose
+    from speedrun.kernels import softcap_ce as sc
+    from speedrun.kernels import transpose
 
     l0, g0 = sc.launch(z, t, 30.0, "sigmoid", True, torch.float8_e5m2, 448.0, "lean", rowsums)
     g0t = transpose.transpose_copy(g0)
@@ -81,7 +82,8 @@ def test_gpu_both_layouts_are_the_lean_kernels_bytes(cuda, cfg, monkeypatch):
     losses, gradient and transposed copy byte for byte; an ignored row is zero and a last-column target
     is written."""
     _gluon()
-    from speedrun import head_gluon, softcap_ce as sc
+    from speedrun.kernels import head_gluon
+    from speedrun.kernels import softcap_ce as sc
 
     for key, value in cfg.items():
         monkeypatch.setitem(G.CONFIG, key, value)

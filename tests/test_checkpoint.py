@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from reliability_helpers import events, train
-from speedrun import checkpoint as ck
-from speedrun.adam import DistAdam
+from speedrun.run import checkpoint as ck
+from speedrun.optim.adam import DistAdam
 from speedrun.config import RunConfig
-from speedrun.muon import Muon
+from speedrun.optim.muon import Muon
 
 
 def _snap(step: int, value: float = 1.0) -> ck.Snapshot:

@@ -7,8 +7,8 @@ from importlib.metadata import version
 
 import pytest
 
-from speedrun.cli import main
-from speedrun.presets import registry
+from speedrun.cli.main import main
+from speedrun.recipes.registry import registry
 
 
 def test_version(capsys):

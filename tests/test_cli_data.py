@@ -10,9 +10,9 @@ import sys
 import numpy as np
 import pytest
 
-from speedrun import cli
-from speedrun.env import environment
-from speedrun.shards import read_shard, write_shard
+from speedrun.cli import main as cli
+from speedrun.run.env import environment
+from speedrun.data.shards import read_shard, write_shard
 
 
 def _fails_cleanly(capsys, argv, *needles):
@@ -110,8 +110,8 @@ def test_info(capsys, monkeypatch, tmp_path):
     assert "torch" in out and str(tmp_path / "10B") in out and "present" in out
     assert cli.main(["info", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["torch"] == env["torch"]
-    import speedrun.presets
-    monkeypatch.setattr(speedrun.presets, "describe", lambda name: f"PRESET<{name}>")
+    import speedrun.recipes.registry
+    monkeypatch.setattr(speedrun.recipes.registry, "describe", lambda name: f"PRESET<{name}>")
     assert cli.main(["info", "--preset", "demo"]) == 0
     assert capsys.readouterr().out.rstrip().endswith("PRESET<demo>")
 

@@ -5,8 +5,8 @@ import json
 import pytest
 from scipy import stats
 
-from speedrun import compare
-from speedrun.cli import main
+from speedrun.tools import compare
+from speedrun.cli.main import main
 
 A = [593.07, 593.87, 594.46, 594.08]
 B = [595.89, 596.29, 597.77, 597.49]
@@ -99,7 +99,7 @@ def test_command_on_run_folders(tmp_path, capsys):
 
 def test_runs_name_the_config_fields_their_arms_differ_in(tmp_path, capsys):
     """Runs record no overrides: their config.json files say what differs between the arms."""
-    from speedrun.presets import proxy212
+    from speedrun.recipes.presets import proxy212
 
     runs = {}
     for name, ms, graphs, seed in (("a0", 588.4, False, 0), ("a1", 589.0, False, 1), ("b0", 587.2, True, 0),

@@ -9,7 +9,7 @@ import pytest
 
 from speedrun.config import SECTIONS, RunConfig, apply_overrides, set_field, validate
 from speedrun.errors import ConfigError
-from speedrun.presets import get_preset, registry
+from speedrun.recipes.registry import get_preset, registry
 
 
 def numeric_fields() -> list[tuple[str, type]]:
@@ -74,7 +74,7 @@ def test_the_edges_of_the_ranges_are_in():
 
 
 def test_the_command_line_refuses_before_training(tmp_path, capsys):
-    from speedrun.cli import main
+    from speedrun.cli.main import main
 
     assert main(["train", "--preset", "demo", "--out", str(tmp_path / "run"), "--set", "optim.muon_lr=-1"]) == 2
     err = capsys.readouterr().err.strip()

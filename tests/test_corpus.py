@@ -9,10 +9,10 @@ import lzma
 import numpy as np
 import pytest
 
-from speedrun.corpus import read_documents, split_document, tokenize_files
+from speedrun.data.corpus import read_documents, split_document, tokenize_files
 from speedrun.errors import DataError
-from speedrun.shards import read_shard
-from speedrun.tokenizer import EOT, encode_document
+from speedrun.data.shards import read_shard
+from speedrun.data.tokenizer import EOT, encode_document
 
 DOCS = [f"Document {i}. " + " ".join(f"word{j}" for j in range(i * 7 % 40 + 5)) for i in range(60)]
 
@@ -66,7 +66,7 @@ def test_val_split_whole_documents_then_fixed_train_shards(tmp_path):
 
 
 def test_parallel_output_is_identical(tmp_path, monkeypatch):
-    monkeypatch.setattr("speedrun.corpus.CHUNK_CHARS", 300)  # many chunks
+    monkeypatch.setattr("speedrun.data.corpus.CHUNK_CHARS", 300)  # many chunks
     src = _jsonl(tmp_path / "a.jsonl", DOCS)
     one = _run([src], tmp_path / "one", workers=1)
     two = _run([src], tmp_path / "two", workers=2)

@@ -13,7 +13,7 @@ import torch
 from reliability_helpers import assert_curves_close, curves, train
 from speedrun.config import validate
 from speedrun.errors import ConfigError
-from speedrun.presets import record
+from speedrun.recipes.presets import record
 
 
 def test_gradient_copies_leave_training_unchanged(tmp_path):
@@ -66,8 +66,8 @@ def test_gpu_graphs_add_into_the_buffers_in_place():
         pytest.skip("needs CUDA")
     from test_grad_accum import Sliced, _batches, accumulate_inplace
 
-    from speedrun import grad_accum
-    from speedrun.regional import compile_step_model
+    from speedrun.train import grad_accum
+    from speedrun.compile.regional import compile_step_model
 
     def run(cudagraphs: bool):
         torch.manual_seed(0)

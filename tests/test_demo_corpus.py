@@ -14,10 +14,10 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from speedrun.paths import demo_data_dir, resolve_files
-from speedrun.presets import demo
-from speedrun.shards import read_shard
-from speedrun.tokenizer import EOT, decode
+from speedrun.data.paths import demo_data_dir, resolve_files
+from speedrun.recipes.presets import demo
+from speedrun.data.shards import read_shard
+from speedrun.data.tokenizer import EOT, decode
 
 # Names and words of one book each: in the source's 684 documents of ~8 KB, the book with the most hits
 # is the document's own for 649, 32 have no hit, and 3 go astray (whales in Walton's letters in

@@ -23,9 +23,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from speedrun.adam import DistAdam
-from speedrun.dist import all_ranks, shutdown
-from speedrun.muon import Collectives, Muon
+from speedrun.optim.adam import DistAdam
+from speedrun.train.dist import all_ranks, shutdown
+from speedrun.optim.muon import Collectives, Muon
 
 MUON_SHAPES = [(16, 32)] * 3 + [(4, 16, 16)] + [(32, 16)] + [(24, 24)] * 4 + [(6, 12)] * 2
 ADAM_SHAPES = [(8, 6), (6, 4), (5,), (3, 5), (), (12, 8)]

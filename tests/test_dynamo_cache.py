@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from speedrun import dynamo_cache
-from speedrun.compile_cache import cache_key
-from speedrun.presets import demo
+from speedrun.compile import dynamo_cache
+from speedrun.compile.cache import cache_key
+from speedrun.recipes.presets import demo
 
 pytestmark = pytest.mark.skipif(not dynamo_cache.supported(), reason="this torch has no caching precompile")
 

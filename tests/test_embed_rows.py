@@ -22,11 +22,13 @@ from torch import nn
 
 from interpreter_helpers import run_interpreted
 from reliability_helpers import curves, train
-from speedrun import embed_rows, embeddings, grad_accum
+from speedrun.kernels import embed_rows
+from speedrun.kernels import embeddings
+from speedrun.train import grad_accum
 from speedrun.config import validate
 from speedrun.errors import ConfigError
-from speedrun.presets import record
-from speedrun.regional import compile_step_model
+from speedrun.recipes.presets import record
+from speedrun.compile.regional import compile_step_model
 
 
 def _case(V=300, D=40, N=500, dtype=torch.bfloat16, seed=0):
@@ -64,8 +66,8 @@ def test_op_refuses_bad_input():
 
 _INTERPRETED = textwrap.dedent("""
     import json, torch
-    from speedrun import embed_rows
-    from speedrun.grad_accum import add_gradient
+    from speedrun.kernels import embed_rows
+    from speedrun.train.grad_accum import add_gradient
     out = {"cases": []}
     gen = torch.Generator().manual_seed(0)
     for V, D, N, dtype, tok_dtype, cfg in [
@@ -190,7 +192,7 @@ def test_eager_rows_give_the_dense_bits_on_two_threads():
 
 
 def test_gpt_names_the_tables_it_only_looks_up():
-    from speedrun.model import GPT
+    from speedrun.model.gpt import GPT
 
     cfg = record()
     m = cfg.model

@@ -24,7 +24,7 @@ import torch
 
 from interpreter_helpers import run_interpreted
 from model_helpers import assert_field_validated
-from speedrun import embeddings as E
+from speedrun.kernels import embeddings as E
 
 
 def test_reference_is_the_plain_lookups():
@@ -85,7 +85,7 @@ _INTERPRETED = textwrap.dedent(r"""
     import json, sys
     import torch
     sys.path.insert(0, "tests")
-    from speedrun import embeddings as E
+    from speedrun.kernels import embeddings as E
 
     def tokens(kind, n, v, gen):
         if kind == "uniform":

@@ -7,8 +7,8 @@ import time
 import pytest
 import torch
 
-from speedrun import energy_counter as ec
-from speedrun import gpu_clocks as gc
+from speedrun.bench import energy_counter as ec
+from speedrun.bench import gpu_clocks as gc
 
 
 class FakeNvml:

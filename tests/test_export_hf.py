@@ -6,13 +6,13 @@ import json
 import pytest
 import torch
 
-from speedrun.checkpoint import save_model_files
-from speedrun.cli import main
-from speedrun.export_hf import export
-from speedrun.model import GPT
-from speedrun.presets import demo
-from speedrun.sample import final_window
-from speedrun.tokenizer import encode
+from speedrun.run.checkpoint import save_model_files
+from speedrun.cli.main import main
+from speedrun.tools.export_hf import export
+from speedrun.model.gpt import GPT
+from speedrun.recipes.presets import demo
+from speedrun.tools.sample import final_window
+from speedrun.data.tokenizer import encode
 
 HAVE_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 needs_transformers = pytest.mark.skipif(not HAVE_TRANSFORMERS, reason="transformers is not installed "

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from speedrun.errors import DataError
-from speedrun.fineweb import fetch_fineweb, shard_names
-from speedrun.shards import read_shard, write_shard
+from speedrun.data.fineweb import fetch_fineweb, shard_names
+from speedrun.data.shards import read_shard, write_shard
 
 COMMIT = "a" * 40
 
@@ -189,7 +189,7 @@ def test_a_name_that_does_not_resolve(tmp_path, monkeypatch):
             raise ValueError("Force download failed due to the above error.") from outer
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.setattr("speedrun.fineweb._download", offline)
+    monkeypatch.setattr("speedrun.data.fineweb._download", offline)
     with pytest.raises(DataError, match=r"^fineweb_val_000000.bin: no network: cannot reach \S+ "
                                          r"\(Name or service not known\); fetch the shards"):
         fetch_fineweb("10B", 0, tmp_path / "fw", log=lambda m: None)

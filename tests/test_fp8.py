@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from speedrun.fp8 import fp8_supported, head_matmul
+from speedrun.kernels.fp8 import fp8_supported, head_matmul
 
 
 def test_cpu_falls_back_to_plain_matmul():

@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from speedrun import gpu_clocks as gc
+from speedrun.bench import gpu_clocks as gc
 
 
 def _fake_smi(tmp_path, rows, legacy=False, fail=False):
@@ -166,7 +166,7 @@ def test_a_training_run_records_its_clocks(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "GPU clock over the timed run: 1,560 MHz median" in out
     assert f"per step {got['energy_j_per_step']:.1f} J, {got['sm_mcycles_per_step']:.1f} M SM cycles" in out
-    from speedrun import compare  # the run folder `speedrun compare` reads
+    from speedrun.tools import compare
 
     m = compare.load(str(tmp_path / "run"))
     assert m["kind"] == "run" and m["final_val_loss"] == got["final_val_loss"] and m["sm_clock_mhz"] == 1560

@@ -15,11 +15,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from reliability_helpers import assert_curves_close, curves, train
-from speedrun import grad_accum
+from speedrun.train import grad_accum
 from speedrun.config import validate
 from speedrun.errors import ConfigError
-from speedrun.presets import record
-from speedrun.regional import compile_step_model
+from speedrun.recipes.presets import record
+from speedrun.compile.regional import compile_step_model
 
 
 class Small(nn.Module):
@@ -92,7 +92,7 @@ def test_a_parameter_some_micro_steps_skip_keeps_its_sum():
 
 def test_allow_caching_in_a_fresh_process():
     """Before anything has compiled (torch._functorch.config not yet imported), as in the trainer."""
-    code = ("from speedrun import grad_accum; grad_accum.allow_caching(); import torch._functorch.config as c; "
+    code = ("from speedrun.train import grad_accum; grad_accum.allow_caching(); import torch._functorch.config as c; "
             "assert c.autograd_cache_allow_custom_autograd_functions")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
@@ -200,8 +200,8 @@ def test_inplace_leaves_an_unused_parameter_without_gradient():
 def test_unused_parameter_names_match_autograd_for_every_preset():
     """`GPT.unused_parameter_names` against autograd: for every preset (the ladder's rungs too), at a
     small width, exactly the trained parameters a training loss's backward leaves without gradient."""
-    from speedrun.model import GPT
-    from speedrun.presets import registry
+    from speedrun.model.gpt import GPT
+    from speedrun.recipes.registry import registry
 
     seen = set()
     for name, build in registry().items():
@@ -310,8 +310,8 @@ def test_gpt_reads_its_cast_only_parameters_only_cast():
     """GPT.cast_only_names: the forward in bfloat16 with those parameters replaced by their bfloat16
     casts gives the same loss bit for bit; a parameter read in float32 anywhere would change it."""
     from speedrun.config import apply_overrides
-    from speedrun.model import GPT
-    from speedrun.presets import demo
+    from speedrun.model.gpt import GPT
+    from speedrun.recipes.presets import demo
 
     cfg = demo()
     apply_overrides(cfg, ["model.num_layers=4", "model.model_dim=64", "model.num_heads=2", "model.head_dim=32",
@@ -373,8 +373,8 @@ def test_head_once_without_fp8_changes_nothing(tmp_path):
 def test_compile_key_names_head_once_only_when_on():
     """head_once is on by default and the compile keys name it, so the keys of earlier runs (their graphs
     quantise the head's weight in each micro-step) never match the new graphs; off, the earlier keys hold."""
-    from speedrun.compile_cache import graph_config
-    from speedrun.presets import record
+    from speedrun.compile.cache import graph_config
+    from speedrun.recipes.presets import record
 
     cfg = record()
     assert cfg.train.head_once is True and graph_config(cfg)["train"]["head_once"] is True

@@ -13,13 +13,15 @@ import pytest
 import torch
 
 from interpreter_helpers import run_interpreted
-from speedrun.head import fused_available
+from speedrun.kernels.head import fused_available
 
 _INTERPRETED = textwrap.dedent(r'''
     import json, os, sys
     assert os.environ.get("TRITON_INTERPRET") == "1"
     import torch
-    from speedrun import fp8, head, softcap_ce as sc
+    from speedrun.kernels import fp8
+    from speedrun.kernels import head
+    from speedrun.kernels import softcap_ce as sc
 
     sc.KERNEL_CONFIG["BLOCK_V"] = 128
     rel = lambda a, b: ((a.float() - b.float()).norm() / b.float().norm()).item()
@@ -211,7 +213,7 @@ def test_path_choice():
 def _gpu_head_inputs(cuda, seed: int, N: int, K: int = 768, M: int = 50304):
     """RMS-normed bfloat16 x (N, K), a float32 head (M, K) and targets, on a GPU with FP8 products."""
     pytest.importorskip("triton")
-    from speedrun import fp8
+    from speedrun.kernels import fp8
     if not fp8.fp8_supported(cuda):
         pytest.skip("GPU without FP8 matrix products")
     g = torch.Generator("cuda").manual_seed(seed)
@@ -224,7 +226,9 @@ def _gpu_head_inputs(cuda, seed: int, N: int, K: int = 768, M: int = 50304):
 @pytest.mark.gpu
 def test_gpu_fused_head_matches_split_at_record_size(cuda):
     """One record micro-step (49,152 x 768 -> 50,304), compiled fullgraph as the model runs it."""
-    from speedrun import fp8, head, softcap_ce as sc
+    from speedrun.kernels import fp8
+    from speedrun.kernels import head
+    from speedrun.kernels import softcap_ce as sc
     N = 49152
     x, w, t = _gpu_head_inputs(cuda, 0, N)
 
@@ -259,7 +263,8 @@ def test_gpu_kernel_e5m2_gradient_is_torchs_cast(cuda):
     """At the record's size the CE kernel's e5m2 gradient is bit for bit torch's RTNE cast of its own
     float32 gradient x 1/grad_s (the interpreter's rounding flaw does not exist on the GPU)."""
     pytest.importorskip("triton")
-    from speedrun import fp8, softcap_ce as sc
+    from speedrun.kernels import fp8
+    from speedrun.kernels import softcap_ce as sc
     if not fp8.fp8_supported(cuda):
         pytest.skip("GPU without FP8 matrix products")
     g = torch.Generator("cuda").manual_seed(1)
@@ -278,7 +283,8 @@ def test_gpu_head_once_gives_the_same_head(cuda):
     """train.head_once at the record's head size (4,096 tokens): the weight's operands made apart by the
     compiled `head.quantize_weight` are the op's own bit for bit, and the compiled head with them gives
     the same loss, grad_x and grad_w bit for bit (the Gluon forward where it applies)."""
-    from speedrun import fp8, head
+    from speedrun.kernels import fp8
+    from speedrun.kernels import head
     N, K = 4096, 768
     x, w, t = _gpu_head_inputs(cuda, 2, N)
 
@@ -306,7 +312,8 @@ def test_gpu_ce_transposed_gives_the_same_head(cuda):
     """model.ce_transposed at one record micro-step (49,152 tokens), compiled as the model runs it with
     train.head_once: where ce_grad_gluon applies, the CE's own transposed gradient is the transposed
     copy's bytes, so the loss, grad_x and grad_w equal the default's bit for bit."""
-    from speedrun import ce_grad_gluon, head
+    from speedrun.kernels import ce_grad_gluon
+    from speedrun.kernels import head
     N = 49152
     x, w, t = _gpu_head_inputs(cuda, 3, N)
     t[11] = -100

@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from model_helpers import assert_field_validated
-from speedrun import head, head_gluon as H
-from speedrun.softcap_ce import reference_cross_entropy
+from speedrun.kernels import head
+from speedrun.kernels import head_gluon as H
+from speedrun.kernels.softcap_ce import reference_cross_entropy
 
 
 def _gluon():
@@ -30,7 +31,7 @@ def test_compiles_for_hopper_without_spills(rowsum, cfg):
     warpgroups) compiles for sm_90 with no local memory (spills), within the H200's 227 KB of shared
     memory per block; 12 warps (two consumer warpgroups and the epilogue's)."""
     _gluon()
-    from speedrun.relu2_gluon import resource_usage
+    from speedrun.kernels.relu2_gluon import resource_usage
 
     kernel = H.compile_offline(cfg, rowsum=rowsum)
     usage = resource_usage(kernel.asm["cubin"])
@@ -182,9 +183,9 @@ def test_gpu_fused_head_gluon_matches_cublas_path(cuda):
 def test_model_passes_its_head_settings(monkeypatch):
     """model.head_kernel, model.ce_transposed and model.head_rowsums travel from the config to head.head_loss,
     and the forward's head_q (train.head_once) as its w_q."""
-    from speedrun import model as model_module
+    from speedrun.model import gpt as model_module
     from speedrun.config import apply_overrides
-    from speedrun.presets import demo
+    from speedrun.recipes.presets import demo
 
     seen = {}
 

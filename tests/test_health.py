@@ -1,6 +1,6 @@
 """Health records, and injected faults ending as the policy says.
 
-Faults are tied to data batches (see speedrun/faults.py). Every run here
+Faults are tied to data batches (see speedrun/run/faults.py). Every run here
 checkpoints every 2 steps; after any fault the checkpoints written before it
 must still be there and loadable.
 """
@@ -11,8 +11,8 @@ import math
 import pytest
 
 from reliability_helpers import events, records, train
-from speedrun import checkpoint as ck
-from speedrun.health import LossJudge
+from speedrun.run import checkpoint as ck
+from speedrun.run.health import LossJudge
 
 CKPT = ["--checkpoint-every", "2", "--keep-checkpoints", "--set", "train.health_every=2"]
 

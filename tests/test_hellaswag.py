@@ -7,11 +7,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from speedrun import hellaswag
-from speedrun.checkpoint import save_model_files
-from speedrun.cli import main
+from speedrun.tools import hellaswag
+from speedrun.run.checkpoint import save_model_files
+from speedrun.cli.main import main
 from model_helpers import random_tiny_model as tiny_model
-from speedrun.tokenizer import EOT, encode
+from speedrun.data.tokenizer import EOT, encode
 
 CTXS = [
     ("Baking cookies", "A woman puts a tray into the oven.", "She"),

@@ -7,12 +7,12 @@ import sys
 
 import pytest
 
-from speedrun import host_memory
+from speedrun.train import host_memory
 
 _SCRIPT = r'''
 import resource, sys, torch
 if sys.argv[1] == "keep":
-    from speedrun.host_memory import keep_freed_blocks
+    from speedrun.train.host_memory import keep_freed_blocks
     assert keep_freed_blocks()
 faults = []
 for i in range(4):

@@ -11,7 +11,7 @@ from reliability_helpers import main, train
 from speedrun import __version__
 from speedrun.config import validate
 from speedrun.errors import ConfigError
-from speedrun.presets import get_preset
+from speedrun.recipes.registry import get_preset
 
 
 def _one_line_error(capsys, code, expected_code=2):
@@ -117,7 +117,7 @@ def _older_checkpoint(stopped_run, tmp_path, drop: list[str], edit=None):
     changes the file without the hash."""
     import shutil
 
-    from speedrun import checkpoint as ck
+    from speedrun.run import checkpoint as ck
 
     run = tmp_path / "older"
     shutil.copytree(stopped_run, run)
@@ -146,8 +146,8 @@ def test_resume_of_a_checkpoint_without_speed_only_fields(stopped_run, tmp_path,
 def test_resume_by_other_sources_says_so_and_keeps_the_first_env(stopped_run, tmp_path, capsys):
     """The checkpoint names the sources that wrote it: a resume by other code prints a note and logs both;
     the first process's env.json stays, the resumed one's goes beside it."""
-    from speedrun.compile_cache import source_hash
-    from speedrun.rundir import read_metrics
+    from speedrun.compile.cache import source_hash
+    from speedrun.run.rundir import read_metrics
 
     run = _older_checkpoint(stopped_run, tmp_path, [])
     latest = run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip()
@@ -196,7 +196,7 @@ def test_cuda_out_of_memory_names_the_settings(tmp_path, capsys):
 
 
 def test_out_of_memory_in_validation_puts_val_seq_len_first():
-    from speedrun.faults import out_of_memory
+    from speedrun.run.faults import out_of_memory
 
     msg = str(out_of_memory(get_preset("record"), 8, "validation"))
     assert msg.startswith("CUDA out of memory during validation (8 GPU(s)); lower memory with "
@@ -205,7 +205,7 @@ def test_out_of_memory_in_validation_puts_val_seq_len_first():
 
 
 def test_tensorboard_missing_is_one_line(tmp_path, capsys, monkeypatch):
-    import speedrun.tensorboard_log as tb
+    import speedrun.tools.tensorboard_log as tb
 
     monkeypatch.delattr(tb, "TensorBoardWriter")  # as if the module were missing
     err = _one_line_error(capsys, train(tmp_path / "run", "--tensorboard", steps=1))
@@ -213,7 +213,7 @@ def test_tensorboard_missing_is_one_line(tmp_path, capsys, monkeypatch):
 
 
 def test_each_resumed_process_gets_its_own_env_file(tmp_path):
-    from speedrun.train import env_file_name
+    from speedrun.train.loop import env_file_name
 
     assert env_file_name(tmp_path, resuming=False) == "env.json"
     assert env_file_name(tmp_path, resuming=True) == "env.json"  # the first process's file is missing

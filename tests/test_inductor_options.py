@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from reliability_helpers import assert_curves_close, train
-from speedrun import regional
-from speedrun.compile_cache import graph_config
+from speedrun.compile import regional
+from speedrun.compile.cache import graph_config
 from speedrun.config import parse_inductor_options, validate
 from speedrun.errors import ConfigError
-from speedrun.presets import record
+from speedrun.recipes.presets import record
 
 
 def test_text_parses_to_typed_values():
@@ -62,7 +62,7 @@ def test_each_option_is_checked_against_inductor(text, message):
 
 
 def test_an_unknown_option_is_one_line_from_the_command(tmp_path, capsys):
-    from speedrun import dynamo_cache
+    from speedrun.compile import dynamo_cache
 
     before = torch._dynamo.config.caching_precompile
     code = train(tmp_path / "run", "--set", "train.compile=on", "--set", "train.inductor_options=no_such_option=1",

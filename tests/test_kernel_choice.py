@@ -4,7 +4,7 @@ builder goes through (the interpreter tests of those modules run the builders th
 import pytest
 import torch
 
-from speedrun import kernel_choice
+from speedrun.kernels import choice as kernel_choice
 
 
 def test_pick_impl():

@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from speedrun import cli
+from speedrun.cli import main as cli
 from speedrun.config import RunConfig, apply_overrides, diff, validate
 from speedrun.errors import ConfigError
-from speedrun.ladder import PROXY_TOKENS, get_rung, proxy_steps, report, rung_diff, rungs
-from speedrun.presets import record, registry
+from speedrun.recipes.ladder import PROXY_TOKENS, get_rung, proxy_steps, report, rung_diff, rungs
+from speedrun.recipes.presets import record
+from speedrun.recipes.registry import registry
 
 RUNGS = rungs()
 NAMES = [r.name for r in RUNGS]
@@ -37,8 +38,8 @@ def shrink(cfg: RunConfig) -> RunConfig:
 @pytest.fixture(scope="module")
 def ladder_runs(tmp_path_factory) -> dict[str, Path]:
     """Two training steps of every rung through the real Trainer, once for the module."""
-    from speedrun.dist import DistInfo
-    from speedrun.train import Trainer
+    from speedrun.train.dist import DistInfo
+    from speedrun.train.loop import Trainer
 
     root = tmp_path_factory.mktemp("ladder")
     threads = torch.get_num_threads()
@@ -62,7 +63,7 @@ def ladder_runs(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_every_rung_trains_two_steps(ladder_runs, name):
-    from speedrun.rundir import read_metrics
+    from speedrun.run.rundir import read_metrics
 
     rows = list(read_metrics(ladder_runs[name]))
     val = [r["val_loss"] for r in rows if "val_loss" in r]
@@ -141,7 +142,7 @@ def test_learned_positions_need_room_for_the_segment_or_the_rows():
 
 
 def test_value_residual_mixes_layer0_values():
-    from speedrun.model import GPT, scalar_layout
+    from speedrun.model.gpt import GPT, scalar_layout
 
     cfg = shrink(get_rung("value_skips").build())
     torch.manual_seed(0)

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from speedrun.errors import ConfigError, DataError
-from speedrun.loader import TrainLoader, val_batches
-from speedrun.shards import write_shard
+from speedrun.data.loader import TrainLoader, val_batches
+from speedrun.data.shards import write_shard
 
 EOT = 50256
 T, B = 64, 8

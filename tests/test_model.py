@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from speedrun.config import apply_overrides
-from speedrun.model import GPT, count_parameters
-from speedrun.presets import demo, record
+from speedrun.model.gpt import GPT, count_parameters
+from speedrun.recipes.presets import demo, record
 
 
 def tiny(**overrides):
@@ -41,7 +41,7 @@ def test_training_reduces_loss_on_repeated_batch():
     cfg = tiny()
     torch.manual_seed(0)
     model = GPT(cfg.model, cfg.attention)
-    from speedrun.optimizers import build_optimizers
+    from speedrun.optim.groups import build_optimizers
 
     opts = build_optimizers(model, cfg.optim)
     tok = torch.randint(0, 1000, (256,))
@@ -98,7 +98,7 @@ def test_eval_loss_is_chunk_invariant():
 
 @pytest.mark.parametrize("kind", ["half_truncated", "full"])
 def test_rotary_table_holds_the_computed_angles(kind):
-    from speedrun.model import Rotary
+    from speedrun.model.gpt import Rotary
 
     rot = Rotary(128, kind)
     pos = torch.tensor([0, 1, 7, 300, 4095])
@@ -148,7 +148,7 @@ def test_inline_gate_is_the_linear_product():
     both are the correctly rounded float64 product there, within one bfloat16 step. The same holds for
     both gradients."""
     from speedrun.config import ModelConfig
-    from speedrun.model import Attention
+    from speedrun.model.gpt import Attention
 
     cfg = ModelConfig(model_dim=64, num_heads=2, head_dim=32)
     assert cfg.gate_kernel == "linear" and cfg.gate_inputs == 12
@@ -198,8 +198,8 @@ def test_attention_lambdas_reach_every_layer_16_byte_aligned(monkeypatch):
     cannot prove a multiple of 16 bytes; the λ pairs handed to `attn_inputs` were such views for every
     second layer, and FlexAttention then read that layer's q, k, v without its divisibility hints. Each
     pair must arrive 16-byte aligned, with the values, loss and gradients of the plain slices."""
-    from speedrun import model as model_mod
-    from speedrun.model import scalar_layout
+    from speedrun.model import gpt as model_mod
+    from speedrun.model.gpt import scalar_layout
 
     cfg = tiny()
     torch.manual_seed(0)

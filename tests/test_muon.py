@@ -13,8 +13,8 @@ import math
 import pytest
 import torch
 
-from speedrun.muon import Muon, lr_scale, owner_major_order
-from speedrun.newton_schulz import newton_schulz_reference
+from speedrun.optim.muon import Muon, lr_scale, owner_major_order
+from speedrun.optim.newton_schulz import newton_schulz_reference
 
 TORCH_TOL = 2e-2
 SHAPES_2D = [(64, 64), (96, 32), (32, 96)]

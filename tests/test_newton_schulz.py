@@ -12,7 +12,7 @@ steps cannot lift, so there only most (≥ 95 %) must land in range.
 import pytest
 import torch
 
-from speedrun.newton_schulz import newton_schulz, newton_schulz_reference, pick_impl
+from speedrun.optim.newton_schulz import newton_schulz, newton_schulz_reference, pick_impl
 
 FAST_TOL = 3e-2
 SHAPES = [(6, 12), (12, 6), (64, 64), (96, 384), (384, 96), (2, 3, 32, 48), (3, 256, 256)]  # record sizes: the GPU test below
@@ -118,7 +118,7 @@ def test_triton_matches_reference(shape):
 @pytest.mark.parametrize("rows,inner", [(768, 768), (768, 3072), (200, 70), (64, 64)])
 def test_sym_matmul_kernel(rows, inner):
     pytest.importorskip("triton")
-    from speedrun.newton_schulz import sym_matmul
+    from speedrun.optim.newton_schulz import sym_matmul
     X = torch.randn(3, rows, inner, device="cuda", dtype=torch.bfloat16) / inner**0.5
     out = torch.empty(3, rows, rows, device="cuda", dtype=torch.bfloat16)
     ref = (X.float() @ X.float().mT)

@@ -11,18 +11,18 @@ import torch
 
 from interpreter_helpers import run_interpreted
 from model_helpers import assert_field_validated
-from speedrun import optim_kernels as ok
-from speedrun.adam import DistAdam
+from speedrun.optim import kernels as ok
+from speedrun.optim.adam import DistAdam
 from speedrun.config import OptimConfig
-from speedrun.muon import Muon
+from speedrun.optim.muon import Muon
 
 _INTERPRETED = textwrap.dedent(r'''
     import json, os
     assert os.environ.get("TRITON_INTERPRET") == "1"
     import torch
-    from speedrun import optim_kernels as ok
-    from speedrun.adam import DistAdam
-    from speedrun.muon import Muon
+    from speedrun.optim import kernels as ok
+    from speedrun.optim.adam import DistAdam
+    from speedrun.optim.muon import Muon
 
     def diff(a, b):
         a, b = a.float(), b.float()

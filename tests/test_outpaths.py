@@ -6,10 +6,10 @@ import os
 
 import pytest
 
-from speedrun import bench
-from speedrun.cli import main
+from speedrun.bench import step as bench
+from speedrun.cli.main import main
 from speedrun.errors import ConfigError
-from speedrun.outpaths import check_file, check_folder
+from speedrun.run.outpaths import check_file, check_folder
 
 ROOT = hasattr(os, "geteuid") and os.geteuid() == 0  # permission bits do not stop root
 

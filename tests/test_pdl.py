@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from reliability_helpers import assert_curves_close, train
-from speedrun.compile_cache import graph_config
-from speedrun.presets import record
+from speedrun.compile.cache import graph_config
+from speedrun.recipes.presets import record
 
 
 def test_key_names_it():

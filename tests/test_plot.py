@@ -5,8 +5,8 @@ import json
 import matplotlib
 import pytest
 
-from speedrun.cli import main
-from speedrun.plot import read_reference, run_curve
+from speedrun.cli.main import main
+from speedrun.tools.plot import read_reference, run_curve
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -42,7 +42,7 @@ def test_shipped_reference_csv_reads():
 
 def test_plot_writes_png_without_touching_backend_at_import(tmp_path, capsys):
     backend = matplotlib.get_backend()
-    import speedrun.plot  # noqa: F401
+    import speedrun.tools.plot  # noqa: F401
 
     assert matplotlib.get_backend() == backend
     csv = tmp_path / "ref.csv"

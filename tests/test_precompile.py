@@ -16,10 +16,10 @@ import time
 
 import torch
 
-from speedrun import precompile
+from speedrun.compile import precompile
 from speedrun.config import apply_overrides
-from speedrun.dist import DistInfo
-from speedrun.presets import demo
+from speedrun.train.dist import DistInfo
+from speedrun.recipes.presets import demo
 
 
 def _popen(code: str, tmp_path):
@@ -64,8 +64,8 @@ _TRAINER = textwrap.dedent(r'''
     from pathlib import Path
     from torch._dynamo.utils import counters
     from speedrun.config import from_dict
-    from speedrun.dist import init_distributed
-    from speedrun.train import Trainer
+    from speedrun.train.dist import init_distributed
+    from speedrun.train.loop import Trainer
 
     cfg = from_dict(json.loads(Path(sys.argv[1]).read_text()))
     trainer = Trainer(cfg, init_distributed("cpu"), Path(sys.argv[2]), progress=False)
@@ -87,7 +87,7 @@ def test_child_compiles_the_evaluation_graph_the_trainer_then_hits(tmp_path):
     cfg_file.write_text(json.dumps(cfg.to_dict()))
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"), TORCHINDUCTOR_FX_GRAPH_CACHE="1",
                TORCHINDUCTOR_AUTOGRAD_CACHE="1")
-    child = subprocess.run([sys.executable, "-m", "speedrun.precompile", "--config", str(cfg_file), "--device", "cpu"],
+    child = subprocess.run([sys.executable, "-m", "speedrun.compile.precompile", "--config", str(cfg_file), "--device", "cpu"],
                            env=env, capture_output=True, text=True, timeout=600)
     assert child.returncode == 0 and "precompile: evaluation graph in" in child.stdout, child.stderr[-3000:]
     run = subprocess.run([sys.executable, "-c", _TRAINER, str(cfg_file), str(tmp_path / "run")],

@@ -8,12 +8,12 @@ plain-Triton kernel's and to the epilogue math on cuBLAS's product, bit for bit.
 import pytest
 import torch
 
-from speedrun import relu2_mlp as R
+from speedrun.kernels import relu2_mlp as R
 
 
 def _gluon():
     pytest.importorskip("triton")
-    from speedrun import relu2_gluon as G
+    from speedrun.kernels import relu2_gluon as G
     if not G.available():
         pytest.skip("Triton's Gluon (Hopper) does not import here")
     return G
@@ -48,7 +48,7 @@ def test_used_only_where_asked_and_on_hopper():
 
 def test_a_kernel_that_cannot_compile_falls_back_once(monkeypatch):
     """try_launch: a compile failure (another Triton's Gluon) warns once, is remembered, returns False."""
-    from speedrun import relu2_gluon as G
+    from speedrun.kernels import relu2_gluon as G
     calls = []
 
     def broken(*args, **kwargs):
@@ -67,7 +67,7 @@ def test_a_kernel_that_cannot_compile_falls_back_once(monkeypatch):
 def test_a_tma_option_reaches_the_gluon_backward(monkeypatch):
     """`bwd.A_TMA=1` or `2` (off by default) picks GLUON_CONFIG's `*_tma` or `*_tma32` entries, for the
     backward only."""
-    from speedrun import relu2_gluon as G
+    from speedrun.kernels import relu2_gluon as G
     assert R.parse_options("")["bwd"]["A_TMA"] == 0
     assert R.parse_options("bwd.A_TMA=1")["bwd"]["A_TMA"] == 1
     assert R.parse_options("bwd.A_TMA=2")["bwd"]["A_TMA"] == 2

@@ -13,13 +13,13 @@ import torch
 
 from interpreter_helpers import run_interpreted
 from model_helpers import assert_field_validated
-from speedrun import relu2_mlp as R
+from speedrun.kernels import relu2_mlp as R
 
 _INTERPRETED = textwrap.dedent(r'''
     import json, os, sys
     assert os.environ.get("TRITON_INTERPRET") == "1"
     import torch
-    from speedrun import relu2_mlp as R
+    from speedrun.kernels import relu2_mlp as R
 
     g = torch.Generator().manual_seed(0)
     N, D, F = 72, 64, 256   # 72 rows: the last row block (of 32) is partial
@@ -90,8 +90,8 @@ _INTERPRETED = textwrap.dedent(r'''
 
     # the model passes model.mlp_kernel and model.mlp_options down to the launch
     from speedrun.config import RunConfig, apply_overrides
-    from speedrun.model import GPT
-    from speedrun.presets import demo
+    from speedrun.model.gpt import GPT
+    from speedrun.recipes.presets import demo
     calls = []
     real = R.launch
     R.launch = lambda *a, **k: (calls.append(k["cfg"]["BLOCK_N"]), real(*a, **k))[1]

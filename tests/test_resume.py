@@ -118,7 +118,7 @@ def test_two_process_gloo_resume_is_exact(tmp_path):
 def test_run_header_identifies_the_code(straight):
     """env.json names the code that ran: git commit and dirtiness where git knows, and
     the sha256 of speedrun's sources, which holds even for a copied tree without git."""
-    from speedrun.compile_cache import source_hash
+    from speedrun.compile.cache import source_hash
 
     env = json.loads((straight / "env.json").read_text())
     assert env["source_sha256"] == source_hash() and len(env["source_sha256"]) == 64

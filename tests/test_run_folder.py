@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from reliability_helpers import TINY, main, records, resume, train
-from speedrun import shards
-from speedrun.shards import HEADER_INTS, MAGIC, VERSION, write_shard
+from speedrun.data import shards
+from speedrun.data.shards import HEADER_INTS, MAGIC, VERSION, write_shard
 
 
 def _one_line_error(capsys, code, expected_code=2):
@@ -189,7 +189,7 @@ def test_the_progress_bar_shows_loss_and_speed_and_ends_before_an_error(tmp_path
 
 
 def test_the_bytecode_note_shows_once_per_machine(tmp_path, monkeypatch):
-    from speedrun.startup import first_time_on_machine
+    from speedrun.compile.startup import first_time_on_machine
 
     monkeypatch.setenv("SPEEDRUN_HOME", str(tmp_path))
     assert first_time_on_machine("bytecode") is True

@@ -3,11 +3,11 @@
 import pytest
 import torch
 
-from speedrun.attention import EOT, dense_mask
-from speedrun.checkpoint import save_model_files
-from speedrun.cli import main
+from speedrun.model.attention import EOT, dense_mask
+from speedrun.run.checkpoint import save_model_files
+from speedrun.cli.main import main
 from model_helpers import random_tiny_model as tiny_model
-from speedrun.sample import KVCache, generate, generate_text, window_mask
+from speedrun.tools.sample import KVCache, generate, generate_text, window_mask
 
 
 @pytest.mark.parametrize("density", [0.0, 0.01, 0.05, 0.3])

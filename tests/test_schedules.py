@@ -1,7 +1,7 @@
 import pytest
 
 from speedrun.config import AttentionConfig, ScheduleConfig
-from speedrun.schedules import lr_multiplier, muon_momentum, window_blocks
+from speedrun.train.schedules import lr_multiplier, muon_momentum, window_blocks
 
 
 def test_lr_cooldown():

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from speedrun.errors import DataError
-from speedrun.paths import demo_data_dir, resolve_files
-from speedrun.shards import (HEADER_BYTES, read_shard, require_tokens, shard_num_tokens, validate_shard,
+from speedrun.data.paths import demo_data_dir, resolve_files
+from speedrun.data.shards import (HEADER_BYTES, read_shard, require_tokens, shard_num_tokens, validate_shard,
                              write_shard)
 
 

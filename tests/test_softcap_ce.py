@@ -17,8 +17,8 @@ import torch.nn.functional as F
 from interpreter_helpers import run_interpreted
 from model_helpers import assert_field_validated
 from speedrun.config import ModelConfig, apply_overrides
-from speedrun.model import GPT
-from speedrun.softcap_ce import pick_impl, reference_cross_entropy, softcap, softcap_cross_entropy
+from speedrun.model.gpt import GPT
+from speedrun.kernels.softcap_ce import pick_impl, reference_cross_entropy, softcap, softcap_cross_entropy
 
 FORMS = [("sigmoid", 30.0), ("tanh", 30.0), ("none", 0.0)]
 
@@ -75,7 +75,7 @@ def test_impl_choice_and_validation():
 def test_kernel_refuses_what_it_cannot_do():
     """tanh.approx is a CUDA instruction: Triton's interpreter cannot run it."""
     pytest.importorskip("triton")
-    from speedrun import softcap_ce as sc
+    from speedrun.kernels import softcap_ce as sc
     z, t = torch.zeros(2, 5), torch.tensor([0, 1])
     with pytest.raises(ValueError, match="tanh_approx"):
         sc.launch(z, t, 30.0, "sigmoid", True, math="tanh_approx")
@@ -97,7 +97,7 @@ def test_model_ce_math_reaches_the_kernel():
 
 
 def _tiny_cfg(**extra):
-    from speedrun.presets import demo
+    from speedrun.recipes.presets import demo
     cfg = demo()
     apply_overrides(cfg, ["model.num_layers=2", "model.value_embeds=1", "model.model_dim=64", "model.num_heads=2",
                           "model.head_dim=32", "model.mlp_hidden=128", "model.long_layers=0",
@@ -120,7 +120,7 @@ def test_model_torch_kernel_is_todays_code(form):
     lb = torch.tensor(2)
     loss = model(tok, tgt, lb)
     grads = torch.autograd.grad(loss, list(model.parameters()), allow_unused=True)
-    from speedrun.fp8 import head_matmul
+    from speedrun.kernels.fp8 import head_matmul
     x = model.hidden(tok, lb, torch.float32)[0]
     old = F.cross_entropy(model.softcap(head_matmul(x, model.head_weight, model.use_fp8)), tgt, reduction="sum")
     old_grads = torch.autograd.grad(old, list(model.parameters()), allow_unused=True)
@@ -135,7 +135,7 @@ _INTERPRETED = textwrap.dedent(r'''
     import json, os, sys, time
     assert os.environ.get("TRITON_INTERPRET") == "1"
     import torch
-    from speedrun import softcap_ce as sc
+    from speedrun.kernels import softcap_ce as sc
 
     def compare(form, cap, dtype, N, V, scale, block, seed=0, upstream=0.5, math="precise", poly=2):
         g = torch.Generator().manual_seed(seed)
@@ -187,7 +187,7 @@ _INTERPRETED = textwrap.dedent(r'''
     # the lean kernel given the Gluon head's row sums (head_gluon.rowsums_reference's float64 values here)
     # reads them instead of making its first pass: the same losses and gradients (an ignored row, the
     # target in the last tile, tile counts 1, 12 and 197 = the record's)
-    from speedrun import head_gluon
+    from speedrun.kernels import head_gluon
 
     def lean_case(seed, N, V):
         """bfloat16 logits (N, V) and targets: row N // 2 ignored, row 0's target the last column."""
@@ -309,8 +309,8 @@ _INTERPRETED = textwrap.dedent(r'''
 
     # the model with ce_kernel=triton against ce_kernel=torch (float32, tiny vocabulary)
     from speedrun.config import apply_overrides
-    from speedrun.model import GPT
-    from speedrun.presets import demo
+    from speedrun.model.gpt import GPT
+    from speedrun.recipes.presets import demo
     cfg = demo()
     apply_overrides(cfg, ["model.num_layers=2", "model.value_embeds=1", "model.model_dim=64", "model.num_heads=2",
                           "model.head_dim=32", "model.mlp_hidden=128", "model.long_layers=0", "model.vocab_size=500"])
@@ -392,7 +392,7 @@ def test_packed_transpose_moves_words_for_hopper():
     and no single bytes, without shuffles; the words come from the e5m2x2 conversions (two per word)
     beside the row-major store's own."""
     pytest.importorskip("triton")
-    from speedrun import softcap_ce as sc
+    from speedrun.kernels import softcap_ce as sc
     ptx = sc.compile_tile_offline().asm["ptx"]
     assert ptx.count("st.shared.b8") == 0 and "shfl" not in ptx
     # each of 256 threads holds 64 of the 64 x 256 tile's elements: 16 words, 32 conversions for the
@@ -465,7 +465,7 @@ def test_gpu_lean_at_record_size(cuda):
     precise kernel's tolerances against the reference, and its e5m2 training gradient (x 448, as the FP8
     head asks) differs from the precise kernel's in few bytes (float32 rounding moving a rounding edge)."""
     pytest.importorskip("triton")
-    from speedrun import softcap_ce as sc
+    from speedrun.kernels import softcap_ce as sc
     z, t = _check_record_size(2, "sigmoid", 30.0, "lean", LOSS_RTOL, *GRAD_TOL["bfloat16"])
     rows = slice(0, 4096)
     _, lean8 = sc.launch(z[rows], t[rows], 30.0, "sigmoid", True, torch.float8_e5m2, 448.0, "lean")
@@ -482,7 +482,9 @@ def test_gpu_transposed_gradient_at_record_size(cuda, tile, monkeypatch):
     pairs), and the transposed gradient exactly the transposed copy of its own (Triton 3.6 once broke
     that with byte-wise tiles: the nineteenth session)."""
     pytest.importorskip("triton")
-    from speedrun import ce_grad_gluon, softcap_ce as sc, transpose
+    from speedrun.kernels import ce_grad_gluon
+    from speedrun.kernels import softcap_ce as sc
+    from speedrun.kernels import transpose
     monkeypatch.setattr(ce_grad_gluon, "applies", lambda *_: False)  # the Triton tiles, not the Hopper kernel
     for key, value in zip(("BLOCK_M", "BLOCK_V", "num_warps"), tile):
         monkeypatch.setitem(sc.TILE_CONFIG, key, value)
@@ -511,7 +513,7 @@ def test_gpu_tanh_approx_at_record_size(cuda):
 def test_gpu_kernel_under_compile_in_a_model_like_head(cuda):
     """The training head as the model runs it (FP8 matmul where supported), compiled fullgraph."""
     pytest.importorskip("triton")
-    from speedrun.fp8 import fp8_supported, head_matmul
+    from speedrun.kernels.fp8 import fp8_supported, head_matmul
     use_fp8 = fp8_supported(cuda)
     g = torch.Generator("cuda").manual_seed(0)
     x = torch.nn.functional.rms_norm(torch.randn(4096, 768, generator=g, device="cuda"), (768,)).bfloat16()

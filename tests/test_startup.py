@@ -2,7 +2,7 @@
 
 import time
 
-from speedrun.startup import StartupPhases, bytecode_note, retune_note
+from speedrun.compile.startup import StartupPhases, bytecode_note, retune_note
 
 
 def test_bytecode_note_only_when_bytecode_is_not_written():

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from speedrun.cli import main
-from speedrun.stats import p_value, runs_needed, summarise, to_markdown
+from speedrun.cli.main import main
+from speedrun.tools.stats import p_value, runs_needed, summarise, to_markdown
 
 
 def fake_run(folder, loss, ms):

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from speedrun.cli import main
+from speedrun.cli.main import main
 
 HAVE_TB = importlib.util.find_spec("tensorboard") is not None
 
@@ -45,7 +45,7 @@ def test_convert_mirrors_metrics(tmp_path, capsys):
 
 @pytest.mark.skipif(not HAVE_TB, reason="tensorboard is not installed (pip install tensorboard)")
 def test_writer_used_live(tmp_path):
-    from speedrun.tensorboard_log import TensorBoardWriter
+    from speedrun.tools.tensorboard_log import TensorBoardWriter
 
     with TensorBoardWriter(tmp_path) as w:
         for r in RECORDS:

@@ -6,7 +6,7 @@ import subprocess
 import sys
 import textwrap
 
-from speedrun.tokenizer import EOT, decode, encode, encode_document, get_encoding
+from speedrun.data.tokenizer import EOT, decode, encode, encode_document, get_encoding
 
 
 def test_known_ids():
@@ -30,7 +30,7 @@ def test_works_without_network(tmp_path):
             raise OSError("network disabled in this test")
         socket.socket.connect = refuse
         socket.create_connection = refuse
-        from speedrun.tokenizer import get_encoding
+        from speedrun.data.tokenizer import get_encoding
         print(get_encoding().encode("Hello world"))
     """)
     env = {"TIKTOKEN_CACHE_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}

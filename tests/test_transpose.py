@@ -7,13 +7,13 @@ import pytest
 import torch
 
 from interpreter_helpers import run_interpreted
-from speedrun.transpose import transpose_copy
+from speedrun.kernels.transpose import transpose_copy
 
 _INTERPRETED = textwrap.dedent(r'''
     import json, os
     assert os.environ.get("TRITON_INTERPRET") == "1"
     import torch
-    from speedrun import transpose as tr
+    from speedrun.kernels import transpose as tr
 
     tr.KERNEL_CONFIG.update(BLOCK_M=16, BLOCK_N=32, num_warps=1)
     g = torch.Generator().manual_seed(0)

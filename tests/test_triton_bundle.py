@@ -22,8 +22,10 @@ import torch
 triton = pytest.importorskip("triton")
 from triton.runtime.cache import get_cache_manager  # noqa: E402
 
-from speedrun import compile_cache, triton_bundle  # noqa: E402
-from speedrun.presets import get_preset  # noqa: E402
+from speedrun.compile import cache as compile_cache
+
+from speedrun.compile import triton_bundle
+from speedrun.recipes.registry import get_preset  # noqa: E402
 
 HASH = "ab" * 32  # Triton's hashes are sha256 hex digests
 OTHER = "cd" * 32

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The attention's Gluon kernels (speedrun.attn_gluon) at the record's shapes, after their GPU tests
+# The attention's Gluon kernels (speedrun.kernels.attn_gluon) at the record's shapes, after their GPU tests
 # (tests/test_attn_gluon.py):
 #   kernels [STAGES]  attn_gluon_bench.py: agreement with FlexAttention, time and energy a call of the
 #                     forward and backward at each window, eager and replayed from CUDA graphs

@@ -1,4 +1,4 @@
-"""The Gluon attention forward (`speedrun.attn_gluon`) against FlexAttention's forward: agreement, time and
+"""The Gluon attention forward (`speedrun.kernels.attn_gluon`) against FlexAttention's forward: agreement, time and
 energy per call at the record's shapes.
 
 usage: PYTHONPATH=src python3 scripts/bench/attn_gluon_bench.py DATA_DIR OUT.json [SECONDS] [STAGES,...]
@@ -32,12 +32,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from energy_parts import WINDOWS, energy_of  # noqa: E402
 
-from speedrun import attn_gluon  # noqa: E402
-from speedrun import energy_counter as ec  # noqa: E402
-from speedrun import gpu_clocks as gc  # noqa: E402
-from speedrun.attention import _compiled_flex, block_structure, document_ids, flex_block_mask, refined_blocks  # noqa: E402
+from speedrun.kernels import attn_gluon
+from speedrun.bench import energy_counter as ec
+from speedrun.bench import gpu_clocks as gc
+from speedrun.model.attention import _compiled_flex, block_structure, document_ids, flex_block_mask, refined_blocks  # noqa: E402
 from speedrun.config import AttentionConfig, parse_flex_options  # noqa: E402
-from speedrun.shards import read_shard  # noqa: E402
+from speedrun.data.shards import read_shard  # noqa: E402
 
 T, H, D, SCALE = 49_152, 6, 128, 0.12
 GRAPH_CALLS = 8
@@ -80,7 +80,7 @@ def record_inputs(data_dir: str):
 def main(data_dir: str, out: str, seconds: float = 2.0, stages=(2,)) -> None:
     dev, uuid, counter, shard, docs, s, g, q, k, v = record_inputs(data_dir)
     options = parse_flex_options(AttentionConfig().flex_options)
-    from speedrun.flex_tiles import use_sparse_block
+    from speedrun.kernels.flex_tiles import use_sparse_block
 
     use_sparse_block(64, 128, dev)  # the backward's tile choices on the 64-token mask, as the model installs them
     flex = _compiled_flex()

@@ -21,8 +21,8 @@ import time
 
 import torch
 
-from speedrun import attn_gluon as A
-from speedrun.attention import block_structure, flex_block_mask
+from speedrun.kernels import attn_gluon as A
+from speedrun.model.attention import block_structure, flex_block_mask
 
 T, H, D, SCALE = 8192, 6, 128, 0.12
 

@@ -35,8 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from attn_gluon_bench import D, GRAPH_CALLS, H, SCALE, T, graphed, record_inputs  # noqa: E402
 from energy_parts import WINDOWS, energy_of  # noqa: E402
 
-from speedrun import attn_gluon  # noqa: E402
-from speedrun.attention import flex_block_mask  # noqa: E402
+from speedrun.kernels import attn_gluon
+from speedrun.model.attention import flex_block_mask  # noqa: E402
 
 # name -> (DQ_Q_REG, int32 ids, DKDV_SMEM)
 BWD_ARMS = {"bwd": (0, False, 0), "bwd_dqreg": (1, False, 0), "bwd_i32": (0, True, 0), "bwd_dqreg_i32": (1, True, 0),

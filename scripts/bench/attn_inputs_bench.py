@@ -18,8 +18,8 @@ import sys
 import torch
 
 from cuda_timing import median_us
-from speedrun import attn_inputs as ai
-from speedrun.model import Rotary
+from speedrun.kernels import attn_inputs as ai
+from speedrun.model.gpt import Rotary
 
 T, H, D = 49152, 6, 128
 

@@ -18,7 +18,7 @@ import sys
 import torch
 
 from cuda_timing import median_us
-from speedrun import softcap_ce as sc
+from speedrun.kernels import softcap_ce as sc
 
 N, V = 49152, 50304
 

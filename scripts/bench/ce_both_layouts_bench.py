@@ -23,7 +23,7 @@ VARIANTS = {"both_t4w4": {"TPC": 4, "num_warps": 4}, "both_t16w16": {"TPC": 16, 
 
 
 def inputs(m=49152, n=50304, k=768):
-    from speedrun import head_gluon
+    from speedrun.kernels import head_gluon
 
     gen = torch.Generator("cuda").manual_seed(0)
     x = (torch.randn(m, k, generator=gen, device="cuda") * 2).to(torch.float8_e4m3fn)
@@ -36,7 +36,9 @@ def inputs(m=49152, n=50304, k=768):
 
 
 def main(out_path):
-    from speedrun import ce_grad_gluon as G, softcap_ce as sc, transpose
+    from speedrun.kernels import ce_grad_gluon as G
+    from speedrun.kernels import softcap_ce as sc
+    from speedrun.kernels import transpose
 
     DEFAULT = dict(G.CONFIG)
     z, t, rs = inputs()

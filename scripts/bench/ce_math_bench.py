@@ -23,7 +23,7 @@ import sys
 
 import torch
 from cuda_timing import median_us
-from speedrun import softcap_ce as sc
+from speedrun.kernels import softcap_ce as sc
 
 N, V, CAP, ROWS = 49152, 50304, 30.0, 2048
 GRAD_MUL = 448.0

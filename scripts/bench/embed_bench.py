@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from cuda_timing import median_us
-from speedrun import embeddings as E
+from speedrun.kernels import embeddings as E
 
 N, V, D, TABLES = 49152, 50304, 768, 4
 

@@ -14,7 +14,7 @@ Why: on an H200 held at its 700 W cap the step time is about the step's energy o
 saved. This measures, for each part at the record's shapes (one micro-step's 49,152 tokens, the
 documents of the first training shard in DATA_DIR), the joules of one call: the part runs in a loop
 for about a second to settle the power limiter, then for SECONDS (default 3) between two reads of
-NVML's energy counter (`speedrun.energy_counter`), with the SM clock sampled alongside.
+NVML's energy counter (`speedrun.bench.energy_counter`), with the SM clock sampled alongside.
 
 Parts (forward + backward each, compiled as the model is, the model's own modules and options):
 - `block_L<i>_w<W>`: transformer block i whole (norms, projections, the attention's input kernel,
@@ -50,12 +50,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from speedrun import energy_counter as ec
-from speedrun import gpu_clocks as gc
-from speedrun import presets, relu2_mlp
-from speedrun.model import aligned_pairs, scalar_layout
-from speedrun.shards import read_shard
-from speedrun.train import build_model
+from speedrun.bench import energy_counter as ec
+from speedrun.bench import gpu_clocks as gc
+from speedrun.recipes import presets
+from speedrun.kernels import relu2_mlp
+from speedrun.model.gpt import aligned_pairs, scalar_layout
+from speedrun.data.shards import read_shard
+from speedrun.train.setup import build_model
 
 T, WINDOWS = 49_152, (2, 6, 10, 14)
 LONG_LAYERS = {0: 2, 4: 1}  # representative layer -> how many of the record's long layers it stands for
@@ -198,7 +199,7 @@ def trainer_parts(data_dir: str, run, smoke: bool) -> None:
     import itertools
     from argparse import Namespace
 
-    from speedrun.bench import Session, _config
+    from speedrun.bench.step import Session, _config
 
     args = Namespace(preset="proxy212", overrides=[], data="random" if smoke else data_dir)
     cfg = _config(args)
@@ -246,7 +247,7 @@ def attention_tflop(data_dir: str) -> dict:
     """Forward + backward TFLOP of one FlexAttention call per part name ("long_w<W>", "short_w<W>"): the
     tiles the 64-token mask visits (`attention.refined_blocks`, partial and full) x 6 heads x 4 x 64 x 64
     x 128 for the forward, x 3.5 with the backward (its five products to the forward's two)."""
-    from speedrun.attention import block_structure, document_ids, refined_blocks
+    from speedrun.model.attention import block_structure, document_ids, refined_blocks
 
     files = sorted(Path(data_dir).glob("fineweb_train_*.bin"))
     tokens = torch.from_numpy(read_shard(files[0])[:T].astype("int64"))

@@ -23,10 +23,10 @@ import torch
 from torch.nn.attention.flex_attention import flex_attention
 
 from cuda_timing import median_us
-from speedrun.attention import block_structure, document_ids, flex_block_mask, refined_blocks
+from speedrun.model.attention import block_structure, document_ids, flex_block_mask, refined_blocks
 from speedrun.config import AttentionConfig, parse_flex_options
-from speedrun.flex_tiles import use_sparse_block
-from speedrun.shards import read_shard
+from speedrun.kernels.flex_tiles import use_sparse_block
+from speedrun.data.shards import read_shard
 
 T, H, D, BLOCK = int(os.environ.get("SWEEP_T", 49152)), 6, 128, 128
 WINDOWS = range(1, int(os.environ.get("SWEEP_WINDOWS", 14)) + 1)

@@ -22,8 +22,8 @@ import torch
 from torch.nn.attention.flex_attention import flex_attention
 
 from cuda_timing import median_us
-from speedrun.attention import block_structure, document_ids, flex_block_mask
-from speedrun.shards import read_shard
+from speedrun.model.attention import block_structure, document_ids, flex_block_mask
+from speedrun.data.shards import read_shard
 
 T, H, D = int(os.environ.get("SWEEP_T", 49152)), 6, 128
 WINDOWS = (3, 7, 14)

@@ -1,4 +1,4 @@
-"""Times the FP8 head's Gluon forward (`speedrun.head_gluon`) and the CE kernel with its row sums, at
+"""Times the FP8 head's Gluon forward (`speedrun.kernels.head_gluon`) and the CE kernel with its row sums, at
 the record's micro-step (M = 49152 tokens, K = 768, N = 50304), against cuBLAS and the two-pass CE kernel.
 
 What one micro-step's head forward costs on each path (the backward is the same on both):
@@ -43,7 +43,7 @@ TILE_VARIANTS = [(64, 256, 4), (32, 256, 4), (128, 128, 8), (64, 128, 4), (128, 
 
 def compile_only() -> bool:
     from relu2_gluon_bench import inspect_compiled  # same folder: the relu2 kernel's compile checks
-    from speedrun import head_gluon as H
+    from speedrun.kernels import head_gluon as H
 
     ok = True
     for name, (over, rowsum) in VARIANTS.items():
@@ -64,7 +64,7 @@ def _bytes_differ(a, b, rows=4096) -> int:
 
 
 def _rowsum_rel_err(rs, z, cfg, rows=4096) -> float:
-    from speedrun import head_gluon as H
+    from speedrun.kernels import head_gluon as H
 
     err = 0.0
     for i in range(0, z.shape[0], rows):
@@ -76,7 +76,10 @@ def _rowsum_rel_err(rs, z, cfg, rows=4096) -> float:
 
 def device_bench(out_path):
     from cuda_timing import median_us
-    from speedrun import fp8, head, head_gluon as H, softcap_ce as sc
+    from speedrun.kernels import fp8
+    from speedrun.kernels import head
+    from speedrun.kernels import head_gluon as H
+    from speedrun.kernels import softcap_ce as sc
 
     res = {"shape": {"M": M, "K": K, "N": N}, "config": H.CONFIG, "device": torch.cuda.get_device_name(),
            "variants": {}}
@@ -130,7 +133,7 @@ def device_bench(out_path):
     del g1, g2
     us["ce_lean_two_passes"] = time(lambda: ce(None))
     us["ce_lean_rowsums"] = time(lambda: ce(rs))
-    from speedrun import transpose
+    from speedrun.kernels import transpose
 
     us["ce_rowsums_plus_transposed_copy"] = time(lambda: transpose.transpose_copy(ce(rs)[1]))
     us["ce_transposed_rowsums"] = time(lambda: sc.launch_transposed(z, t, 30.0, torch.float8_e5m2, grad_mul, rs))

@@ -11,8 +11,8 @@ from pathlib import Path
 import torch
 
 from cuda_timing import median_us
-from speedrun import attention
-from speedrun.shards import read_shard
+from speedrun.model import attention
+from speedrun.data.shards import read_shard
 
 FIELDS = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices", "q_num_blocks", "q_indices",
           "full_q_num_blocks", "full_q_indices")

@@ -19,9 +19,9 @@ import sys
 import torch
 
 from cuda_timing import device_us, median_us
-from speedrun import block_order
-from speedrun.adam import DistAdam
-from speedrun.muon import Muon
+from speedrun.kernels import block_order
+from speedrun.optim.adam import DistAdam
+from speedrun.optim.muon import Muon
 
 V, D = 50304, 768
 

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from cuda_timing import median_us
-from speedrun import relu2_mlp as R
+from speedrun.kernels import relu2_mlp as R
 
 M, D, FH = 49152, 768, 3072
 

@@ -1,4 +1,4 @@
-"""The Gluon warp-specialised ReLU² products (speedrun.relu2_gluon) against the Triton kernel and cuBLAS.
+"""The Gluon warp-specialised ReLU² products (speedrun.kernels.relu2_gluon) against the Triton kernel and cuBLAS.
 
 Usage:
   python3 relu2_gluon_bench.py OUT.json          on an H200 (PYTHONPATH has src)
@@ -41,7 +41,7 @@ STEADY_ROUNDS = 60  # cuda_timing.interleaved_us rounds of the last comparison (
 
 # --------------------------------------------------------------------------- compile-only (CPU)
 
-from speedrun.relu2_gluon import compile_offline as compile_variant, resource_usage  # noqa: E402
+from speedrun.kernels.relu2_gluon import compile_offline as compile_variant, resource_usage  # noqa: E402
 
 
 def _tool(name):
@@ -111,7 +111,7 @@ def inspect_compiled(name, k, dump=None, extra=""):
 
 
 def compile_only():
-    from speedrun import relu2_gluon as G
+    from speedrun.kernels import relu2_gluon as G
 
     variants = [("fwd_store_h_and_a", G.STORE_H_AND_A, True, None, False), ("fwd_store_a", G.STORE_A, True, None, False),
                 ("bwd_drelu2", G.DRELU2, False, None, False), ("bwd_from_a", G.DRELU2_FROM_A, False, None, False)]
@@ -174,8 +174,8 @@ def ragged_checks(G, dev):
 def device_bench(out_path):
     from cuda_timing import interleaved_us, median_us
 
-    from speedrun import relu2_gluon as G
-    from speedrun import relu2_mlp as R
+    from speedrun.kernels import relu2_gluon as G
+    from speedrun.kernels import relu2_mlp as R
 
     dev = "cuda"
     res = {"shape": {"M": M, "K": K, "N": N}, "gluon_config": G.GLUON_CONFIG,

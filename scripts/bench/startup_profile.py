@@ -15,13 +15,13 @@ def mark(name):
 import torch  # noqa: E402
 
 mark("import torch")
-import speedrun.train  # noqa: E402,F401
+import speedrun.train.loop  # noqa: E402,F401
 
-mark("import speedrun.train")
+mark("import speedrun.train.loop")
 torch.cuda.set_device(0)
 torch.zeros(1, device="cuda")
 mark("cuda context")
-from speedrun.compile_cache import key_local_caches  # noqa: E402
+from speedrun.compile.cache import key_local_caches  # noqa: E402
 
 key_local_caches()
 mark("key_local_caches (inductor config)")

@@ -1,4 +1,4 @@
-from speedrun.cli import main
+from speedrun.cli.main import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

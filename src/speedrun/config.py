@@ -143,16 +143,16 @@ class AttentionConfig:
     window: str = "growing"  # "none" (full causal) | "fixed" | "growing"
     window_tokens: int = 1728  # final long window before rounding up to a block
     long_short: bool = True  # short window = long // 2 on non-long layers
-    # "auto" | "flex" | "dense" | "gluon" (speedrun.attn_gluon: the same function on FlexAttention's 64-token
+    # "auto" | "flex" | "dense" | "gluon" (speedrun.kernels.attn_gluon: the same function on FlexAttention's 64-token
     # block lists in kernels of its own; Hopper only, sparse_block 64). "auto": gluon on a Hopper GPU with
     # sparse_block 64, head_dim 128 and bfloat16 (what it was measured on), flex on other GPUs, dense on a CPU.
     backend: str = "auto"
     segment_len: int = 0  # >0: the row is independent sequences of this length (positions restart)
     # FlexAttention kernel options, "KEY=VALUE,..." (torch's FlexKernelOptions, e.g. fwd_BLOCK_M=128,
     # bwd_num_warps=4); "" = torch's defaults. Tile sizes only: the same function, another schedule.
-    # Default: the best of sweeps on an H200 at the record's shapes. Forward (scripts/device/flex_sweep.py):
+    # Default: the best of sweeps on an H200 at the record's shapes. Forward (scripts/bench/flex_sweep.py):
     # 64x64 tiles, 19.4 against 22.3 ms per step for torch's 128x64. Backward, on the 64-token mask
-    # (scripts/device/flex_mask_bench.py): (M1, N1, M2, N2) = (32, 64, 64, 32), 4 warps, 4 stages;
+    # (scripts/bench/flex_mask_bench.py): (M1, N1, M2, N2) = (32, 64, 64, 32), 4 warps, 4 stages;
     # forward + backward 69.0 ms per step against 79.2 for torch's (64, 128, 128, 64) on 128-token blocks.
     flex_options: str = ("fwd_BLOCK_M=64,fwd_BLOCK_N=64,fwd_num_warps=4,fwd_num_stages=3,"
                          "bwd_BLOCK_M1=32,bwd_BLOCK_N1=64,bwd_BLOCK_M2=64,bwd_BLOCK_N2=32,"
@@ -490,7 +490,7 @@ def flex_options_ok(text: str) -> bool:
 
 
 def mlp_options_ok(text: str) -> bool:
-    from speedrun.relu2_mlp import parse_options  # the kernel module owns its keys
+    from speedrun.kernels.relu2_mlp import parse_options  # the kernel module owns its keys
 
     return parses(parse_options, text)
 

@@ -1,0 +1,3 @@
+"""The `speedrun` command: main.py lists the subcommands; the commands that belong to no other
+folder (data, cache, presets) live here.
+"""

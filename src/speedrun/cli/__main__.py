@@ -1,0 +1,3 @@
+from speedrun.cli.main import main
+
+raise SystemExit(main())

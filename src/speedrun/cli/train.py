@@ -1,0 +1,102 @@
+"""`speedrun train` and `python -m speedrun.train` (what torchrun launches): arguments, config,
+process group and run folder around the `Trainer`, which only trains.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from speedrun.compile.startup import process_start_time
+from speedrun.config import RunConfig, apply_overrides, validate
+from speedrun.errors import ConfigError, SpeedrunError
+from speedrun.recipes.registry import get_preset
+from speedrun.run.faults import out_of_memory
+from speedrun.run.resilience import checkpoint_every_overrides, resume_config, tensorboard_writer
+from speedrun.run.rundir import default_out_dir
+from speedrun.train.dist import init_distributed, shutdown
+from speedrun.train.loop import Trainer
+
+
+def add_train_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", help="preset name (speedrun ladder lists them; default: demo, or the resumed run's)")
+    p.add_argument("--steps", type=int, help="training steps; every schedule scales with it")
+    p.add_argument("--data-dir", help="folder with the shards (default: the preset's; 'demo' = embedded corpus)")
+    p.add_argument("--val-tokens", type=int, help="validation tokens (0 = no validation)")
+    p.add_argument("--val-every", type=int, help="validate every N steps (0 = only at the end)")
+    p.add_argument("--seed", type=int, help="random seed for the initialisation")
+    p.add_argument("--out", help="run folder (default: runs/<preset>-<time>)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start again in an --out folder that holds a run (finished or not), removing it")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                   help="override any config field, e.g. --set model.value_embeds=0 (repeatable)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its latest checkpoint")
+    p.add_argument("--checkpoint-every", metavar="N|Mm", help="checkpoint every N steps or M minutes (e.g. 10m)")
+    p.add_argument("--keep-checkpoints", action="store_true",
+                   help="keep the checkpoints once the run has finished (by default only the final model stays)")
+    p.add_argument("--on-fault", choices=("stop", "recover"), help="on a NaN/inf or a loss spike (default: stop)")
+    p.add_argument("--tensorboard", action="store_true", help="also log metrics to TensorBoard (needs tensorboard)")
+
+
+def resolve_config(args: argparse.Namespace) -> RunConfig:
+    flags = {"train.steps": args.steps, "data.data_dir": args.data_dir, "train.val_tokens": args.val_tokens,
+             "train.val_every": args.val_every, "train.seed": args.seed, "train.on_fault": args.on_fault}
+    overrides = [f"{k}={v}" for k, v in flags.items() if v is not None]
+    overrides += checkpoint_every_overrides(args.checkpoint_every) + args.overrides
+    cfg = apply_overrides(get_preset(args.preset or "demo"), overrides)
+    if args.resume:
+        return resume_config(Path(args.resume), args.preset, cfg, overrides)
+    return cfg
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("train", help="train a preset (one process; torchrun -m speedrun.train for several GPUs)")
+    add_train_arguments(p)
+    p.set_defaults(func=cli_train)
+
+
+def cli_train(args: argparse.Namespace) -> int:
+    t_start = process_start_time()
+    cfg = resolve_config(args)
+    info = init_distributed()
+    trainer, finished = None, False
+    try:
+        validate(cfg, info.world_size)
+        if args.resume and args.out and Path(args.out).resolve() != Path(args.resume).resolve():
+            raise ConfigError(f"--out {args.out}: --resume continues in {args.resume}; leave --out out")
+        out = Path(args.resume or args.out or default_out_dir(cfg.name))
+        trainer = Trainer(cfg, info, out, overwrite=args.overwrite, progress=not args.no_progress, t_start=t_start,
+                          resume=Path(args.resume) if args.resume else None,
+                          keep_checkpoints=args.keep_checkpoints)
+        if args.tensorboard:
+            trainer.tb = tensorboard_writer(out) if info.is_main else None
+        trainer.run()
+        finished = True
+    except torch.cuda.OutOfMemoryError:
+        raise out_of_memory(cfg, info.world_size, getattr(trainer, "phase", "set-up")) from None
+    finally:
+        if trainer is not None:
+            trainer.release_compile()
+        if getattr(trainer, "guard", None) is not None:
+            trainer.guard.close()
+        if not finished and getattr(trainer, "out", None) is not None:
+            trainer.out.abandon()
+        shutdown(clean=finished)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point for `python -m speedrun.train` / torchrun."""
+    parser = argparse.ArgumentParser(prog="python -m speedrun.train",
+                                     description="Train a preset; launch with torchrun for several GPUs.")
+    add_train_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return cli_train(args)
+    except SpeedrunError as e:
+        print(f"speedrun: error: {e}", file=sys.stderr)
+        return e.exit_code

@@ -1,0 +1,2 @@
+"""Compilation: the compile caches, the precompile child, per-block compilation, cold-start phases.
+"""

@@ -1,0 +1,2 @@
+"""Data: the shard format, the offline tokenizer, corpora to shards, FineWeb's download, the loader.
+"""

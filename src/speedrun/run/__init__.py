@@ -1,0 +1,2 @@
+"""Run keeping: run folders, checkpoints and resume, health and fault policy, the environment record.
+"""

@@ -1,0 +1,2 @@
+"""Results tools: statistics, A/B comparison, plots, sampling, export, evaluation, TensorBoard.
+"""

@@ -1,0 +1,3 @@
+from speedrun.cli.train import main
+
+raise SystemExit(main())

@@ -1,0 +1,612 @@
+"""The training loop: the `Trainer` that `speedrun train` and `torchrun ... -m speedrun.train` run.
+
+It follows the speedrun's timing rules: `warmup_steps` untimed steps compile
+and warm the kernels, then model, optimisers and data position are restored
+to their initial values; the clock runs only over training steps and stops
+during validation. The global batch is fixed: with W ranks each runs
+batch_seqs / W micro-steps and the optimisers average the gradients.
+
+Nothing in a training step waits on the host: losses stay on the device and
+are written to metrics.jsonl at the next validation (which synchronises
+anyway).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from speedrun.train import schedules
+from speedrun.model.attention import pick_backend
+from speedrun.config import RunConfig, apply_overrides, validate
+from speedrun.train.dist import DistInfo, all_ranks, all_reduce_mean, init_distributed, shutdown
+from speedrun.errors import ConfigError, SpeedrunError
+from speedrun.kernels.fp8 import fp8_supported
+from speedrun.model.gpt import GPT, count_parameters
+from speedrun.optim.groups import build_optimizers
+from speedrun.run.rundir import RunDir, default_out_dir, git_commit, git_dirty
+from speedrun.data.shards import check_vocab
+from speedrun.compile import dynamo_cache
+from speedrun.bench import gpu_clocks
+from speedrun.train.setup import build_model, pick_dtype, resolve_data, use_compile
+from speedrun.compile.startup import StartupPhases, bytecode_note, compiled_graphs, first_time_on_machine, retune_note
+
+
+# ------------------------------------------------------------------ trainer
+
+
+def env_file_name(run: Path, resuming: bool) -> str:
+    """env.json for the run's first process; a resumed process, which may run other code on another
+    machine, writes env.resume-<k>.json beside it (k = 1, 2, ...) and leaves the first one as it was."""
+    if not resuming or not (run / "env.json").exists():
+        return "env.json"
+    return f"env.resume-{len(list(run.glob('env.resume-*.json'))) + 1}.json"
+
+
+@torch.no_grad()
+def grad_norm(model: torch.nn.Module) -> torch.Tensor:
+    """L2 norm of the gradient this rank's micro-steps summed (device scalar; no host wait). With several
+    ranks each logs its own, before the optimisers average them."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    return torch.stack([n.float() for n in torch._foreach_norm(grads)]).square().sum().sqrt()
+
+
+@dataclass
+class Clock:
+    """Training time: runs between `start` and `stop`, synchronising the device."""
+
+    device: torch.device
+    elapsed: float = 0.0
+    _t0: float | None = None
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def start(self) -> None:
+        self._sync()
+        self._t0 = time.perf_counter()
+
+    @property
+    def running(self) -> bool:
+        return self._t0 is not None
+
+    def stop(self) -> None:
+        self._sync()
+        if self._t0 is not None:
+            self.elapsed += time.perf_counter() - self._t0
+        self._t0 = None
+
+    def approx_ms(self) -> float:
+        """Without synchronising (for logging between validations)."""
+        extra = time.perf_counter() - self._t0 if self._t0 is not None else 0.0
+        return 1000 * (self.elapsed + extra)
+
+
+@dataclass
+class PendingLosses:
+    """Per-step training losses and gradient norms kept on the device until the next sync point, with
+    the step's learning-rate multiplier (known on the host)."""
+
+    steps: list = field(default_factory=list)
+    values: list = field(default_factory=list)  # (loss, grad_norm) device pairs
+    times: list = field(default_factory=list)
+    lr_mults: list = field(default_factory=list)
+
+    def add(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor, ms: float, lr_mult: float) -> None:
+        self.steps.append(step)
+        self.values.append(torch.stack([loss.float().reshape(()), grad_norm.float().reshape(()).to(loss.device)]))
+        self.times.append(ms)
+        self.lr_mults.append(lr_mult)
+
+    def flush(self) -> list[tuple[int, float, float, float, float]]:
+        if not self.values:
+            return []
+        values = torch.stack(self.values).tolist()
+        out = [(s, v[0], v[1], ms, lr) for s, v, ms, lr in zip(self.steps, values, self.times, self.lr_mults)]
+        self.steps, self.values, self.times, self.lr_mults = [], [], [], []
+        return out
+
+
+class Trainer:
+    def __init__(self, cfg: RunConfig, info: DistInfo, out: Path, overwrite: bool = False,
+                 progress: bool = True, t_start: float | None = None, resume: Path | None = None,
+                 keep_checkpoints: bool = False):
+        self.cfg, self.info = cfg, info
+        self.t_start = t_start or time.time()
+        self.device = info.device
+        self.startup = StartupPhases(self.t_start, self.device)
+        self.startup.mark("imports")  # process start -> here: interpreter, imports, arguments, process group
+        note = bytecode_note(bool(sys.flags.dont_write_bytecode), sys.pycache_prefix)
+        if note and info.is_main and first_time_on_machine("bytecode"):
+            print(f"speedrun: note: {note}", flush=True)
+        note = retune_note(cfg.train.inductor_options, torch.__version__)
+        if note and info.is_main and self.device.type == "cuda" and cfg.train.compile != "off":
+            print(f"speedrun: note: {note}", flush=True)
+        self.dtype = pick_dtype(cfg.train.dtype, self.device)
+        if self.device.type == "cpu":
+            from speedrun.train.host_memory import keep_freed_blocks
+
+            keep_freed_blocks()  # a CPU step reuses its freed tensors' pages instead of faulting in new ones
+        self.progress = progress and info.is_main
+        self.out = RunDir(out, overwrite=overwrite, resume=resume is not None) if info.is_main else None
+        self.out_path, self.tb, self.phase = Path(out), None, "set-up"
+        self.keep_checkpoints = keep_checkpoints
+        self.lr_mult, self.grad_norm, self.last_train_loss = 1.0, None, None
+        self.micro_steps = cfg.train.batch_seqs // info.world_size
+        self.tokens_per_step = cfg.train.batch_seqs * cfg.train.seq_len
+        self._windows: dict[int, torch.Tensor] = {}
+        self.precompiler, self.dynamo_packages, self.warm_note = None, None, None
+        self._first_validation_pending = True  # it waits for the precompile child and meets the other ranks
+        self._cold = True  # until the first timed step: marks go to the cold start's phases
+        self._graphs_saved = 0  # Dynamo's graph count when its packages were last saved
+        self._graphs_at_start, self._graphs_in_validation = 0, 0
+        self._clocks: gpu_clocks.ClockSampler | None = None  # started at the first timed step (main rank)
+        self.warmup_count = cfg.train.warmup_steps  # fewer on a warm start (_prepare_compile)
+        try:
+            self._build()
+        except BaseException:
+            self.release_compile()
+            if self.out:
+                self.out.abandon()
+            raise
+        from speedrun.run.resilience import RunGuard
+
+        self.guard = RunGuard(self, resume)  # checkpoints, resume, health, fault policy, signals
+        self.startup.mark("optimizers_data")
+
+    # -------------------------------------------------------------- set-up
+
+    def _build(self) -> None:
+        cfg, info = self.cfg, self.info
+        self.compiled = use_compile(cfg.train.compile, self.device)
+        from speedrun.compile.cache import load_for_run
+        from speedrun.compile.regional import compile_step_model
+
+        log = print if info.is_main else None
+        # the portable cache first (finding none costs milliseconds): loaded, it holds the evaluation
+        # graph too, and a precompile child would only compile what is already there
+        self.compile_cache = load_for_run(cfg, self.device, info.world_size, log) if self.compiled else "not compiled"
+        if self.compiled:  # before the model, so that a precompile child starts as early as it can
+            self._prepare_compile(portable_loaded=self.compile_cache.startswith("loaded"))
+        self.startup.mark("compile_cache")
+        self.model = build_model(cfg, self.device, info.world_size, self.dtype)
+        self.startup.mark("model")
+        from speedrun.train import grad_accum
+
+        rows = cfg.model.embed_kernel == "rows"
+        self.grad_accum = grad_accum.resolve(cfg.train.grad_accum, cfg.train.compile, self.compiled,
+                                             cfg.train.cudagraphs, self.micro_steps, rows)
+        graphs = self.cuda_graphs
+        rows = rows and self.grad_accum == "inplace"  # else the tables' dense gradients (same values)
+        tables = [n for n in self.model.lookup_table_names() if n] if rows else []
+        self.grad_sums = (grad_accum.GradSums(self.model) if self.grad_accum == "graph" else
+                          grad_accum.GradBuffers(self.model, graphs, self.model.unused_parameter_names(), tables)
+                          if self.grad_accum == "inplace" else None)
+        self.step_casts, self.head_q, self._head_static = None, None, None
+        if self.grad_sums is not None and cfg.train.cast_once:
+            self.step_casts = grad_accum.StepCasts(self.model, self.model.cast_only_names(), self.dtype, graphs)
+        summed = self.grad_accum if self.grad_sums is not None else False
+        self.step_model = dynamo_cache.compile_with(  # whole model or regional
+            self.dynamo_packages, lambda: compile_step_model(self.model, cfg.train.compile, self.compiled,
+                                                          cfg.train.cudagraphs, summed,
+                                                          cfg.train.pdl, cfg.train.inductor_options))
+        self.optimizers = build_optimizers(self.model, cfg.optim)
+        train_files, self.val_file = resolve_data(cfg)
+        # an id past the embedding would stop the first step with an IndexError deep in the model
+        check_vocab(train_files + ([self.val_file] if self.val_file else []), cfg.model.vocab_size)
+        from speedrun.data.loader import TrainLoader
+
+        self.loader = TrainLoader(train_files, cfg.train.seq_len, cfg.train.batch_seqs, info.rank,
+                                  info.world_size, self.device, bos_align=cfg.train.bos_align)
+
+    def _prepare_compile(self, portable_loaded: bool = False) -> None:
+        """Key torch's caches, switch on Dynamo's package cache and, on a cold start (no package, no
+        warm note for this run's key and no portable cache loaded), start the precompile child."""
+        from speedrun.compile import precompile
+        from speedrun.compile.cache import key_local_caches
+
+        cfg, info = self.cfg, self.info
+        key_local_caches()  # torch's local caches miss after any change to speedrun's sources
+        self.dynamo_packages = packages = dynamo_cache.enable(cfg, self.device, info.world_size, info.rank)
+        if info.is_main and packages is not None:
+            print(f"speedrun: dynamo cache: {'found' if packages.found else 'none'} ({packages.path})", flush=True)
+        self.warm_note = precompile.warm_note(cfg, info)
+        warm = (packages is not None and packages.found) or self.warm_note.exists()
+        if info.is_main:
+            state = ("warm (no precompile child)" if warm else
+                     "cold, filled from the portable cache (no precompile child)" if portable_loaded else "cold")
+            print(f"speedrun: local compile caches: {state}", flush=True)
+        log_path = self.out.path / "precompile.log" if self.out else None
+        self.precompiler = precompile.start(cfg, info, log_path, warm=warm or portable_loaded)
+        if all_ranks(warm, self.device):  # every rank must run the same number of warm-up steps
+            t = cfg.train
+            self.warmup_count = min(t.warmup_steps, max(t.warmup_steps_warm, 2 if t.health_every else 1))
+
+    def describe(self) -> dict:
+        return {
+            "parameters": count_parameters(self.model), "world_size": self.info.world_size,
+            "micro_steps": self.micro_steps, "dtype": str(self.dtype).replace("torch.", ""),
+            "attention_backend": self.model.attention_backend, "fp8_head": self.model.use_fp8,
+            "compile": self.compiled, "device": str(self.device),
+            "cuda_graphs": self.cuda_graphs,
+            "grad_accum": self.grad_accum,
+            "embed_rows": any(r is not None for r in getattr(self.grad_sums, "scratch", ())),
+            "cast_once": self.step_casts is not None and bool(self.step_casts.copies),
+            "head_once": bool(self.cfg.train.head_once and self.model.use_fp8),
+        }
+
+    def _write_run_header(self) -> None:
+        if not self.out:
+            return
+        from speedrun.run.env import environment
+
+        env = environment()
+        from speedrun.compile.cache import source_hash
+
+        env["git_commit"], env["git_dirty"] = git_commit(), git_dirty()
+        env["source_sha256"] = source_hash()  # identifies the code even without git (a copied tree)
+        env["run"] = self.describe()
+        self.out.write_json("config.json", self.cfg.to_dict())
+        self.out.write_json(env_file_name(self.out.path, self.guard.resume_dir is not None), env)
+
+    # -------------------------------------------------------------- schedules
+
+    def window(self, step: int) -> torch.Tensor:
+        blocks = schedules.window_blocks(step / self.cfg.train.steps, self.cfg.attention)
+        if blocks not in self._windows:
+            self._windows[blocks] = torch.full((), blocks, dtype=torch.int32, device=self.device)
+        return self._windows[blocks]
+
+    def set_schedules(self, step: int) -> None:
+        progress = step / self.cfg.train.steps
+        mult = schedules.lr_multiplier(progress, self.cfg.schedule)
+        self.lr_mult = mult * self.guard.lr_factor  # every group's lr over its initial lr, for the log
+        o = self.cfg.optim
+        momentum = schedules.muon_momentum(progress, self.cfg.schedule, o.muon_momentum_start, o.muon_momentum)
+        for opt in self.optimizers:
+            for group in opt.param_groups:
+                group["lr"] = group["initial_lr"] * mult * self.guard.lr_factor
+                if "momentum" in group:
+                    group["momentum"] = momentum
+
+    # -------------------------------------------------------------- steps
+
+    def train_step(self, step: int) -> torch.Tensor:
+        """One optimiser step over this rank's micro-steps; returns its mean loss (device)."""
+        self.set_schedules(step)
+        window = self.window(step)
+        total = torch.zeros((), device=self.device)
+        batches = self.guard.next_batches()  # skips batches marked bad after a recovery
+        if self.step_casts is not None:  # the parameters as the optimiser (or a recovery) left them
+            self.step_casts.refresh()
+        self.head_q = self.head_operands() if self.cfg.train.head_once else None
+        if self.grad_sums is not None:
+            self.grad_sums.start()
+        with self.guard.health.watch(step):  # activation hooks, on health steps only
+            for i, (inputs, targets) in enumerate(batches):
+                self.mark_graph_step()
+                loss = self.guard.loss(self.forward(inputs, targets, window))
+                (loss / len(batches)).backward()
+                if self.grad_sums is not None:
+                    self.grad_sums.end()
+                if i == 0:
+                    self.own_grads()
+                total += loss.detach()
+            if self.grad_sums is not None:
+                self.grad_sums.finish()
+        self.guard.before_update(step)
+        self.grad_norm = grad_norm(self.model) if self._log_step(step) else None
+        for opt in self.optimizers:
+            opt.step()
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=True)
+        # the mean over the global batch (every rank's micro-steps): what the log, the spike detector
+        # and every rank's fault policy see; an all-reduce on the device, no host synchronisation
+        mean = all_reduce_mean(total / (len(batches) * self.cfg.train.seq_len))
+        self.guard.after_update(step, mean)
+        return mean
+
+    def _log_step(self, step: int) -> bool:
+        every = self.cfg.train.log_every
+        return bool(every and step % every == 0)
+
+    def forward(self, inputs: torch.Tensor, targets: torch.Tensor, window: torch.Tensor) -> torch.Tensor:
+        """A training micro-step's loss; with train.grad_accum=graph its backward adds the gradients
+        into the running sums (grad_accum.py)."""
+        extra = {} if self.head_q is None else {"head_q": self.head_q}
+        if self.grad_sums is None:
+            return self.step_model(inputs, targets, window, self.dtype, **extra)
+        casts = None if self.step_casts is None else self.step_casts.aligned()
+        scratch = getattr(self.grad_sums, "scratch", None)  # GradBuffers' tables for model.embed_kernel=rows
+        if scratch is not None and any(r is not None for r in scratch):
+            extra["scratch"] = scratch
+        return self.step_model(inputs, targets, window, self.dtype, self.grad_sums.begin(), casts, **extra)
+
+    @property
+    def cuda_graphs(self) -> bool:
+        """Does the compiled step replay as CUDA graphs (train.cudagraphs, compiled)?"""
+        return bool(self.cfg.train.cudagraphs and self.compiled)
+
+    def head_operands(self):
+        """The FP8 head's weight operands for this step (`GPT.head_operands`). With CUDA graphs they are
+        copied into tensors kept for the run, marked as static addresses: new tensors each step would be
+        copied into the graphs' inputs in every micro-step."""
+        q = self.model.head_operands()
+        if q is None or not self.cuda_graphs:
+            return q
+        if self._head_static is None:
+            self._head_static = tuple(t.clone() for t in q)
+            for t in self._head_static:
+                torch._dynamo.mark_static_address(t)
+        else:
+            with torch.no_grad():
+                torch._foreach_copy_(list(self._head_static), list(q))
+        return self._head_static
+
+    def mark_graph_step(self) -> None:
+        """With train.cudagraphs: a new graph step before each forward. The last replay's outputs (the
+        loss, the gradients) have been read by then; the next replay may overwrite them."""
+        if self.cfg.train.cudagraphs and self.compiled:
+            torch.compiler.cudagraph_mark_step_begin()
+
+    def own_grads(self) -> None:
+        """With train.cudagraphs, after the first micro-step: its gradients became `.grad` as they came out
+        of the backward's graph, in memory the next replay overwrites. Copy them out once a step; the
+        later micro-steps add into the copies. Values unchanged (tests/test_cudagraphs.py)."""
+        if self.cfg.train.cudagraphs:
+            for p in self.model.parameters():
+                if p.grad is not None:
+                    p.grad = p.grad.clone()
+
+    @torch.no_grad()
+    def evaluate(self, step: int) -> float:
+        from speedrun.data.loader import val_batches
+
+        t = self.cfg.train
+        self.model.eval()
+        window = self.window(step)
+        total, n = torch.zeros((), device=self.device), 0
+        for inputs, targets in val_batches(self.val_file, t.val_tokens, t.val_seq_len, self.info.rank,
+                                           self.info.world_size, self.device):
+            self.mark_graph_step()
+            total += self.step_model(inputs, targets, window, self.dtype).float()
+            n += 1
+        self.model.train()
+        return all_reduce_mean(total / max(n, 1)).item()
+
+    def warm_up(self) -> None:
+        """Compile and warm kernels, then restore model, optimisers and data."""
+        n = self.warmup_count
+        if n == 0:
+            return
+        model_state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        loader_state = self.loader.state_dict()
+        for step in range(n):
+            self.train_step(step * self.cfg.train.steps // max(n, 1))
+            self.startup.mark("first_step" if step == 0 else "warmup_steps")  # the first one compiles
+        self.model.load_state_dict(model_state)
+        self.optimizers = build_optimizers(self.model, self.cfg.optim)
+        self.loader.load_state_dict(loader_state)
+        self.startup.mark("restore")
+
+    def await_precompile(self) -> None:
+        """Before the first validation: let this rank's precompile child finish filling the caches
+        (compiling the evaluation graph twice at once would only slow both), then meet every rank."""
+        from speedrun.compile import precompile
+        from speedrun.train.dist import barrier
+
+        self._first_validation_pending = False
+        proc, self.precompiler = self.precompiler, None
+        if proc is not None:
+            note = precompile.wait(proc)
+            self.startup.mark("precompile_wait")
+            if self.info.is_main:
+                print(f"speedrun: precompile {note}", flush=True)
+        if self.compiled:
+            barrier()
+
+    def save_dynamo_packages(self) -> bool:
+        """Save Dynamo's packages when this process compiled a graph since the last save."""
+        graphs = compiled_graphs()
+        if graphs <= self._graphs_saved or not dynamo_cache.save(self.dynamo_packages):
+            return False
+        self._graphs_saved = graphs
+        return True
+
+    def _begin_timed_run(self) -> float:
+        """Just before the first timed step: end the cold start and return it (seconds)."""
+        self.stop_precompile()  # a child nothing waited for (no validation before this step)
+        self._first_validation_pending = False
+        if self.save_dynamo_packages():
+            self.startup.mark("dynamo_save")
+        self.startup.mark("to_first_step")  # since the last mark: the step's checks before it
+        self._cold = False
+        self._graphs_at_start = compiled_graphs()
+        if self.compiled and self.out:  # where the compile time went, by compiler stage
+            from torch._dynamo.utils import compile_times
+
+            from speedrun.run.rundir import atomic_write_text
+
+            atomic_write_text(self.out.path / "compile_times.txt", str(compile_times(repr="str", aggregate=True)))
+        if self.info.is_main:
+            print(f"speedrun: cold start {self.startup.describe()}", flush=True)
+            self._clocks = gpu_clocks.start(self.device)  # the timed run's SM clock and power (gpu_clocks.py)
+        return self.startup.total()
+
+    def stop_precompile(self) -> None:
+        from speedrun.compile import precompile
+
+        precompile.stop(self.precompiler)
+        self.precompiler = None
+
+    def release_compile(self) -> None:
+        """Stop the precompile child and switch Dynamo's package cache off again, so that whatever
+        this process compiles next (a notebook, a test, another run) is neither packaged into this
+        run's folder nor left with torch's switch on."""
+        self.stop_precompile()
+        dynamo_cache.disable(self.dynamo_packages)
+        self.dynamo_packages = None
+
+    # -------------------------------------------------------------- loop
+
+    def _log(self, record: dict) -> None:
+        if self.out:
+            self.out.log(record)
+            if self.tb is not None:
+                self.tb.log(record)
+
+    def _flush_losses(self, pending: PendingLosses) -> None:
+        o = self.cfg.optim
+        base = {"muon": o.muon_lr, "adam_embed": o.embed_lr} if o.kind != "adamw" else {"adamw": o.adamw_lr}
+        for step, loss, gnorm, ms, mult in pending.flush():
+            self._log({"step": step, "train_loss": loss, "grad_norm": gnorm, "lr_mult": mult,
+                       "lr": {k: v * mult for k, v in base.items()}, "train_time_ms": ms,
+                       "tokens": step * self.tokens_per_step})
+            self.last_train_loss = loss
+
+    def _validate(self, step: int, clock: Clock, pending: PendingLosses, bar) -> float | None:
+        clock.stop()
+        self._flush_losses(pending)
+        if not self.cfg.train.val_tokens:
+            return None
+        self.phase = "validation"
+        if self._first_validation_pending:
+            self.await_precompile()
+        graphs = compiled_graphs()
+        loss = self.evaluate(step)
+        if self.warm_note is not None and not self.warm_note.exists():  # the caches now hold both graphs
+            self.warm_note.parent.mkdir(parents=True, exist_ok=True)
+            self.warm_note.touch()
+        if self._cold:
+            self.startup.mark("first_validation")  # compiles the evaluation graph (a cache hit after precompile)
+        else:  # a graph compiled here is outside the clock: not a recompile of the timed run
+            self._graphs_in_validation += compiled_graphs() - graphs
+        self.phase = "training"
+        ms = clock.elapsed * 1000
+        self._log({"step": step, "val_loss": loss, "train_time_ms": ms, "tokens": step * self.tokens_per_step})
+        if self.info.is_main:
+            msg = f"step {step}/{self.cfg.train.steps}  val_loss {loss:.4f}  train_time {ms / 1000:.1f}s"
+            (bar.write if bar else print)(msg)
+        return loss
+
+    def run(self) -> dict:
+        cfg, t = self.cfg, self.cfg.train
+        self._write_run_header()
+        if self.info.is_main:
+            d = self.describe()
+            print(f"speedrun: {cfg.name}: {d['parameters']:,} parameters, {self.info.world_size} rank(s) x "
+                  f"{self.micro_steps} micro-step(s), {d['dtype']}, attention={d['attention_backend']}, "
+                  f"fp8_head={d['fp8_head']}, compile={d['compile']}", flush=True)
+        self.warm_up()
+        self.guard.start()  # resuming: restore the checkpoint (after warm-up, which resets state)
+        self.startup.mark("resume" if self.guard.resume_dir is not None else "start")
+        self.phase = "training"
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        clock, pending, val_loss = Clock(self.device, self.guard.train_time_s), PendingLosses(), None
+        from tqdm import tqdm
+
+        bar = tqdm(total=t.steps, initial=self.guard.start_step, disable=not self.progress, unit="step",
+                   dynamic_ncols=True)
+        try:
+            val_loss, cold_start = self._loop(clock, pending, bar)
+        finally:  # a closed bar ends its line, so an error message starts on a line of its own
+            bar.close()
+        return self._finish(val_loss, clock, cold_start)
+
+    def _loop(self, clock: Clock, pending: PendingLosses, bar) -> tuple[float | None, float]:
+        t, val_loss = self.cfg.train, None
+        cold_start = None  # process start -> first timed step, the first validation included
+        for step in self.guard.steps(t.steps):
+            last = step == t.steps
+            if self.guard.boundary(step, clock, pending, last):
+                continue  # rolled back to the last good checkpoint; the loop goes on from there
+            if last or (t.val_every and step % t.val_every == 0):
+                val_loss = self._validate(step, clock, pending, bar)
+            if last:
+                break
+            if cold_start is None:
+                cold_start = self._begin_timed_run()
+            if not clock.running:
+                clock.start()
+            loss = self.train_step(step)
+            if self._log_step(step):
+                pending.add(step + 1, loss, self.grad_norm, clock.approx_ms(), self.lr_mult)
+            self._show_progress(bar, step + 1, loss, clock)
+        clock.stop()
+        if cold_start is None:  # no step left to time (a resume at the end)
+            cold_start = self._begin_timed_run()
+        return val_loss, cold_start
+
+    def _show_progress(self, bar, done: int, loss: torch.Tensor, clock: Clock) -> None:
+        """The bar's loss and tokens per second. On a GPU the loss shown is the last one the log has
+        already read (reading each step's would make every step wait for the device)."""
+        bar.update(1)
+        if bar.disable:
+            return
+        if self.device.type == "cpu":
+            self.last_train_loss = loss.item()
+        secs = clock.approx_ms() / 1000
+        steps = done - self.guard.start_step
+        info = {"tok/s": f"{steps * self.tokens_per_step / secs:,.0f}" if secs > 0 else "-"}
+        if self.last_train_loss is not None:
+            info = {"loss": f"{self.last_train_loss:.4f}", **info}
+        bar.set_postfix(info, refresh=False)
+
+    def _finish(self, val_loss: float | None, clock: Clock, cold_start: float) -> dict:
+        t = self.cfg.train
+        self.guard.close()  # the last checkpoint write, if one is in flight
+        self.save_dynamo_packages()  # graphs compiled since the first timed step (a late first validation)
+        cuda = self.device.type == "cuda"
+        peak = torch.cuda.max_memory_allocated(self.device) if cuda else None
+        # CUDA graphs replay from a private pool filled at capture (in the warm-up): it shows in reserved only
+        reserved = torch.cuda.max_memory_reserved(self.device) if cuda else None
+        sampler, self._clocks = self._clocks, None
+        clocks = sampler.stop() if sampler is not None else None  # validations included (a few % of the run)
+        summary = {
+            "preset": self.cfg.name, "steps": t.steps, "final_val_loss": val_loss,
+            "train_time_ms": clock.elapsed * 1000, "ms_per_step": clock.elapsed * 1000 / t.steps,
+            "peak_memory_bytes": peak, "peak_reserved_bytes": reserved, "cold_start_s": cold_start,
+            "cold_start_phases_s": self.startup.as_dict(),
+            "graphs_compiled_in_timed_run": compiled_graphs() - self._graphs_at_start - self._graphs_in_validation,
+            "tokens": t.steps * self.tokens_per_step, "gpu_clocks": clocks, **self.describe(),
+        }
+        summary.update(gpu_clocks.per_step(clocks, summary["ms_per_step"]))  # the means include validations
+        if self.out:
+            from speedrun.run.checkpoint import save_model_files
+
+            save_model_files(self.model, self.cfg, self.out.path)
+            self.out.write_json("summary.json", summary)
+            self.out.close()
+            if not self.keep_checkpoints:  # the final model supersedes them; only a resume needs them
+                from speedrun.run.checkpoint import remove_checkpoints
+
+                remove_checkpoints(self.out.path)
+            if summary["graphs_compiled_in_timed_run"]:
+                print(f"speedrun: warning: {summary['graphs_compiled_in_timed_run']} graph(s) were compiled after "
+                      "warm-up, inside the timed run (TORCH_LOGS=recompiles says why)", flush=True)
+            if clocks:
+                print(f"speedrun: GPU clock over the timed run: {gpu_clocks.describe(clocks)}; per step "
+                      f"{gpu_clocks.describe_per_step(summary)}", flush=True)
+            shown = "none (no validation)" if val_loss is None else f"{val_loss:.4f}"
+            print(f"speedrun: final val_loss {shown}, training time {clock.elapsed:.1f}s "
+                  f"({summary['ms_per_step']:.1f} ms/step), cold start {cold_start:.1f}s -> {self.out.path}")
+        if t.sample_tokens and self.info.is_main:
+            self._print_sample()
+        return summary
+
+    def _print_sample(self) -> None:
+        from speedrun.tools.sample import generate_text
+
+        text = generate_text(self.model, "It was a dark and stormy night", self.cfg.train.sample_tokens,
+                             window_blocks=int(self.window(self.cfg.train.steps)), dtype=self.dtype)
+        print(f"sample: {text}")
