@@ -55,7 +55,7 @@ def figures(preset: str, steps: int, overrides: list[str] = ()) -> dict:
             trainer.guard.start()
             losses = [trainer.train_step(s).item() for s in range(steps)]
         finally:
-            trainer.release_compile()
+            trainer.session.release()
             trainer.loader.close()
             trainer.guard.close()
             trainer.out.close()

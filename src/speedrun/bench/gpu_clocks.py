@@ -217,3 +217,24 @@ def start(device, interval_s: float = 0.25) -> ClockSampler:
     sampler.start()
     return sampler
 
+
+
+class RunClocks:
+    """A training run's clocks: sampled from its first timed step to its end, the summary and the
+    energy and SM cycles a step added to summary.json (validations included, a few % of the run).
+    `speedrun train` hands one to the trainer on the main rank."""
+
+    def __init__(self, device):
+        self.device, self.sampler = device, None
+
+    def timed_start(self) -> None:
+        self.sampler = start(self.device)
+
+    def finish(self, summary: dict) -> None:
+        sampler, self.sampler = self.sampler, None
+        clocks = sampler.stop() if sampler is not None else None
+        summary["gpu_clocks"] = clocks
+        summary.update(per_step(clocks, summary["ms_per_step"]))
+        if clocks:
+            print(f"speedrun: GPU clock over the timed run: {describe(clocks)}; per step "
+                  f"{describe_per_step(summary)}", flush=True)

@@ -294,10 +294,10 @@ class Session:
                 _sync(self.device)
                 first = time.time() - t_start
         if evaluate and self.trainer.val_file is not None:
-            self.trainer.await_precompile()
+            self.trainer.session.before_validation(self.trainer.startup)
             self.trainer.evaluate(0)
-        self.trainer.stop_precompile()
-        self.trainer.save_dynamo_packages()  # the next bench or run of this config starts warm
+        self.trainer.session.stop_precompile()
+        self.trainer.session.save_packages()  # the next bench or run of this config starts warm
         _sync(self.device)
         return first, time.time() - t0
 
@@ -335,7 +335,7 @@ class Session:
 
     def close(self) -> None:
         tr = self.trainer
-        tr.release_compile()
+        tr.session.release()
         try:
             tr.loader.close()
             if getattr(tr, "guard", None) is not None:

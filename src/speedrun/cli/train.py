@@ -10,6 +10,8 @@ from pathlib import Path
 
 import torch
 
+from speedrun.bench.gpu_clocks import RunClocks
+from speedrun.compile.session import CompileSession
 from speedrun.compile.startup import process_start_time
 from speedrun.config import RunConfig, apply_overrides, validate
 from speedrun.errors import ConfigError, SpeedrunError
@@ -71,7 +73,8 @@ def cli_train(args: argparse.Namespace) -> int:
         out = Path(args.resume or args.out or default_out_dir(cfg.name))
         trainer = Trainer(cfg, info, out, overwrite=args.overwrite, progress=not args.no_progress, t_start=t_start,
                           resume=Path(args.resume) if args.resume else None,
-                          keep_checkpoints=args.keep_checkpoints)
+                          keep_checkpoints=args.keep_checkpoints, session=CompileSession(cfg, info),
+                          watchers=(RunClocks(info.device),) if info.is_main else ())
         if args.tensorboard:
             trainer.tb = tensorboard_writer(out) if info.is_main else None
         trainer.run()
@@ -80,7 +83,7 @@ def cli_train(args: argparse.Namespace) -> int:
         raise out_of_memory(cfg, info.world_size, getattr(trainer, "phase", "set-up")) from None
     finally:
         if trainer is not None:
-            trainer.release_compile()
+            trainer.session.release()
         if getattr(trainer, "guard", None) is not None:
             trainer.guard.close()
         if not finished and getattr(trainer, "out", None) is not None:

@@ -9,12 +9,16 @@ batch_seqs / W micro-steps and the optimisers average the gradients.
 Nothing in a training step waits on the host: losses stay on the device and
 are written to metrics.jsonl at the next validation (which synchronises
 anyway).
+
+The loop runs steps, evaluation, warm-up and the loop itself. The compiler's
+caches and precompile child (compile/session.py) and whatever watches the
+timed run (the GPU's clocks, bench/gpu_clocks.py) come in from the command
+that composes them (cli/train.py), and are called at their moments: before
+the first validation, at the first timed step, at the end.
 """
 
 from __future__ import annotations
 
-import argparse
-import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -23,18 +27,14 @@ from pathlib import Path
 import torch
 
 from speedrun.train import schedules
-from speedrun.model.attention import pick_backend
-from speedrun.config import RunConfig, apply_overrides, validate
-from speedrun.train.dist import DistInfo, all_ranks, all_reduce_mean, init_distributed, shutdown
-from speedrun.errors import ConfigError, SpeedrunError
-from speedrun.kernels.fp8 import fp8_supported
-from speedrun.model.gpt import GPT, count_parameters
+from speedrun.config import RunConfig
+from speedrun.train.dist import DistInfo, all_reduce_mean
+from speedrun.model.gpt import count_parameters
 from speedrun.optim.groups import build_optimizers
-from speedrun.run.rundir import RunDir, default_out_dir, git_commit, git_dirty
+from speedrun.run.rundir import RunDir, git_commit, git_dirty
 from speedrun.data.shards import check_vocab
-from speedrun.compile import dynamo_cache
-from speedrun.bench import gpu_clocks
-from speedrun.train.setup import build_model, pick_dtype, resolve_data, use_compile
+from speedrun.compile.session import CompileSession
+from speedrun.train.setup import build_model, pick_dtype, resolve_data
 from speedrun.compile.startup import StartupPhases, bytecode_note, compiled_graphs, first_time_on_machine, retune_note
 
 
@@ -119,7 +119,7 @@ class PendingLosses:
 class Trainer:
     def __init__(self, cfg: RunConfig, info: DistInfo, out: Path, overwrite: bool = False,
                  progress: bool = True, t_start: float | None = None, resume: Path | None = None,
-                 keep_checkpoints: bool = False):
+                 keep_checkpoints: bool = False, session: CompileSession | None = None, watchers: tuple = ()):
         self.cfg, self.info = cfg, info
         self.t_start = t_start or time.time()
         self.device = info.device
@@ -144,17 +144,16 @@ class Trainer:
         self.micro_steps = cfg.train.batch_seqs // info.world_size
         self.tokens_per_step = cfg.train.batch_seqs * cfg.train.seq_len
         self._windows: dict[int, torch.Tensor] = {}
-        self.precompiler, self.dynamo_packages, self.warm_note = None, None, None
-        self._first_validation_pending = True  # it waits for the precompile child and meets the other ranks
+        # the compiler's caches and child process (compile/session.py), and whatever watches the timed
+        # run (the GPU's clocks): the command composes them, the loop only calls them at their moments
+        self.session = session or CompileSession(cfg, info)
+        self.watchers = tuple(watchers)
         self._cold = True  # until the first timed step: marks go to the cold start's phases
-        self._graphs_saved = 0  # Dynamo's graph count when its packages were last saved
         self._graphs_at_start, self._graphs_in_validation = 0, 0
-        self._clocks: gpu_clocks.ClockSampler | None = None  # started at the first timed step (main rank)
-        self.warmup_count = cfg.train.warmup_steps  # fewer on a warm start (_prepare_compile)
         try:
             self._build()
         except BaseException:
-            self.release_compile()
+            self.session.release()
             if self.out:
                 self.out.abandon()
             raise
@@ -167,16 +166,11 @@ class Trainer:
 
     def _build(self) -> None:
         cfg, info = self.cfg, self.info
-        self.compiled = use_compile(cfg.train.compile, self.device)
-        from speedrun.compile.cache import load_for_run
+        self.compiled = self.session.compiled
         from speedrun.compile.regional import compile_step_model
 
-        log = print if info.is_main else None
-        # the portable cache first (finding none costs milliseconds): loaded, it holds the evaluation
-        # graph too, and a precompile child would only compile what is already there
-        self.compile_cache = load_for_run(cfg, self.device, info.world_size, log) if self.compiled else "not compiled"
-        if self.compiled:  # before the model, so that a precompile child starts as early as it can
-            self._prepare_compile(portable_loaded=self.compile_cache.startswith("loaded"))
+        self.session.open(self.out.path if self.out else None)  # before the model: the child starts early
+        self.compile_cache, self.warmup_count = self.session.cache_state, self.session.warmup_count
         self.startup.mark("compile_cache")
         self.model = build_model(cfg, self.device, info.world_size, self.dtype)
         self.startup.mark("model")
@@ -195,8 +189,8 @@ class Trainer:
         if self.grad_sums is not None and cfg.train.cast_once:
             self.step_casts = grad_accum.StepCasts(self.model, self.model.cast_only_names(), self.dtype, graphs)
         summed = self.grad_accum if self.grad_sums is not None else False
-        self.step_model = dynamo_cache.compile_with(  # whole model or regional
-            self.dynamo_packages, lambda: compile_step_model(self.model, cfg.train.compile, self.compiled,
+        self.step_model = self.session.compile(lambda: compile_step_model(  # whole model or regional
+            self.model, cfg.train.compile, self.compiled,
                                                           cfg.train.cudagraphs, summed,
                                                           cfg.train.pdl, cfg.train.inductor_options))
         self.optimizers = build_optimizers(self.model, cfg.optim)
@@ -207,29 +201,6 @@ class Trainer:
 
         self.loader = TrainLoader(train_files, cfg.train.seq_len, cfg.train.batch_seqs, info.rank,
                                   info.world_size, self.device, bos_align=cfg.train.bos_align)
-
-    def _prepare_compile(self, portable_loaded: bool = False) -> None:
-        """Key torch's caches, switch on Dynamo's package cache and, on a cold start (no package, no
-        warm note for this run's key and no portable cache loaded), start the precompile child."""
-        from speedrun.compile import precompile
-        from speedrun.compile.cache import key_local_caches
-
-        cfg, info = self.cfg, self.info
-        key_local_caches()  # torch's local caches miss after any change to speedrun's sources
-        self.dynamo_packages = packages = dynamo_cache.enable(cfg, self.device, info.world_size, info.rank)
-        if info.is_main and packages is not None:
-            print(f"speedrun: dynamo cache: {'found' if packages.found else 'none'} ({packages.path})", flush=True)
-        self.warm_note = precompile.warm_note(cfg, info)
-        warm = (packages is not None and packages.found) or self.warm_note.exists()
-        if info.is_main:
-            state = ("warm (no precompile child)" if warm else
-                     "cold, filled from the portable cache (no precompile child)" if portable_loaded else "cold")
-            print(f"speedrun: local compile caches: {state}", flush=True)
-        log_path = self.out.path / "precompile.log" if self.out else None
-        self.precompiler = precompile.start(cfg, info, log_path, warm=warm or portable_loaded)
-        if all_ranks(warm, self.device):  # every rank must run the same number of warm-up steps
-            t = cfg.train
-            self.warmup_count = min(t.warmup_steps, max(t.warmup_steps_warm, 2 if t.health_every else 1))
 
     def describe(self) -> dict:
         return {
@@ -398,63 +369,17 @@ class Trainer:
         self.loader.load_state_dict(loader_state)
         self.startup.mark("restore")
 
-    def await_precompile(self) -> None:
-        """Before the first validation: let this rank's precompile child finish filling the caches
-        (compiling the evaluation graph twice at once would only slow both), then meet every rank."""
-        from speedrun.compile import precompile
-        from speedrun.train.dist import barrier
-
-        self._first_validation_pending = False
-        proc, self.precompiler = self.precompiler, None
-        if proc is not None:
-            note = precompile.wait(proc)
-            self.startup.mark("precompile_wait")
-            if self.info.is_main:
-                print(f"speedrun: precompile {note}", flush=True)
-        if self.compiled:
-            barrier()
-
-    def save_dynamo_packages(self) -> bool:
-        """Save Dynamo's packages when this process compiled a graph since the last save."""
-        graphs = compiled_graphs()
-        if graphs <= self._graphs_saved or not dynamo_cache.save(self.dynamo_packages):
-            return False
-        self._graphs_saved = graphs
-        return True
-
     def _begin_timed_run(self) -> float:
         """Just before the first timed step: end the cold start and return it (seconds)."""
-        self.stop_precompile()  # a child nothing waited for (no validation before this step)
-        self._first_validation_pending = False
-        if self.save_dynamo_packages():
-            self.startup.mark("dynamo_save")
+        self.session.timed_start(self.startup, self.out.path if self.out else None)
         self.startup.mark("to_first_step")  # since the last mark: the step's checks before it
         self._cold = False
         self._graphs_at_start = compiled_graphs()
-        if self.compiled and self.out:  # where the compile time went, by compiler stage
-            from torch._dynamo.utils import compile_times
-
-            from speedrun.run.rundir import atomic_write_text
-
-            atomic_write_text(self.out.path / "compile_times.txt", str(compile_times(repr="str", aggregate=True)))
         if self.info.is_main:
             print(f"speedrun: cold start {self.startup.describe()}", flush=True)
-            self._clocks = gpu_clocks.start(self.device)  # the timed run's SM clock and power (gpu_clocks.py)
+        for watcher in self.watchers:
+            watcher.timed_start()
         return self.startup.total()
-
-    def stop_precompile(self) -> None:
-        from speedrun.compile import precompile
-
-        precompile.stop(self.precompiler)
-        self.precompiler = None
-
-    def release_compile(self) -> None:
-        """Stop the precompile child and switch Dynamo's package cache off again, so that whatever
-        this process compiles next (a notebook, a test, another run) is neither packaged into this
-        run's folder nor left with torch's switch on."""
-        self.stop_precompile()
-        dynamo_cache.disable(self.dynamo_packages)
-        self.dynamo_packages = None
 
     # -------------------------------------------------------------- loop
 
@@ -479,13 +404,10 @@ class Trainer:
         if not self.cfg.train.val_tokens:
             return None
         self.phase = "validation"
-        if self._first_validation_pending:
-            self.await_precompile()
+        self.session.before_validation(self.startup)
         graphs = compiled_graphs()
         loss = self.evaluate(step)
-        if self.warm_note is not None and not self.warm_note.exists():  # the caches now hold both graphs
-            self.warm_note.parent.mkdir(parents=True, exist_ok=True)
-            self.warm_note.touch()
+        self.session.after_validation()
         if self._cold:
             self.startup.mark("first_validation")  # compiles the evaluation graph (a cache hit after precompile)
         else:  # a graph compiled here is outside the clock: not a recompile of the timed run
@@ -565,22 +487,21 @@ class Trainer:
     def _finish(self, val_loss: float | None, clock: Clock, cold_start: float) -> dict:
         t = self.cfg.train
         self.guard.close()  # the last checkpoint write, if one is in flight
-        self.save_dynamo_packages()  # graphs compiled since the first timed step (a late first validation)
+        self.session.save_packages()  # graphs compiled since the first timed step (a late first validation)
         cuda = self.device.type == "cuda"
         peak = torch.cuda.max_memory_allocated(self.device) if cuda else None
         # CUDA graphs replay from a private pool filled at capture (in the warm-up): it shows in reserved only
         reserved = torch.cuda.max_memory_reserved(self.device) if cuda else None
-        sampler, self._clocks = self._clocks, None
-        clocks = sampler.stop() if sampler is not None else None  # validations included (a few % of the run)
         summary = {
             "preset": self.cfg.name, "steps": t.steps, "final_val_loss": val_loss,
             "train_time_ms": clock.elapsed * 1000, "ms_per_step": clock.elapsed * 1000 / t.steps,
             "peak_memory_bytes": peak, "peak_reserved_bytes": reserved, "cold_start_s": cold_start,
             "cold_start_phases_s": self.startup.as_dict(),
             "graphs_compiled_in_timed_run": compiled_graphs() - self._graphs_at_start - self._graphs_in_validation,
-            "tokens": t.steps * self.tokens_per_step, "gpu_clocks": clocks, **self.describe(),
+            "tokens": t.steps * self.tokens_per_step, "gpu_clocks": None, **self.describe(),
         }
-        summary.update(gpu_clocks.per_step(clocks, summary["ms_per_step"]))  # the means include validations
+        for watcher in self.watchers:
+            watcher.finish(summary)
         if self.out:
             from speedrun.run.checkpoint import save_model_files
 
@@ -594,9 +515,6 @@ class Trainer:
             if summary["graphs_compiled_in_timed_run"]:
                 print(f"speedrun: warning: {summary['graphs_compiled_in_timed_run']} graph(s) were compiled after "
                       "warm-up, inside the timed run (TORCH_LOGS=recompiles says why)", flush=True)
-            if clocks:
-                print(f"speedrun: GPU clock over the timed run: {gpu_clocks.describe(clocks)}; per step "
-                      f"{gpu_clocks.describe_per_step(summary)}", flush=True)
             shown = "none (no validation)" if val_loss is None else f"{val_loss:.4f}"
             print(f"speedrun: final val_loss {shown}, training time {clock.elapsed:.1f}s "
                   f"({summary['ms_per_step']:.1f} ms/step), cold start {cold_start:.1f}s -> {self.out.path}")
