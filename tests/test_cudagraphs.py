@@ -29,9 +29,9 @@ def test_gradient_copies_leave_training_unchanged(tmp_path):
     assert summary["cuda_graphs"] is False and summary["peak_reserved_bytes"] is None
 
 
-@pytest.mark.parametrize("option", ["cudagraphs", "pdl"])
-def test_whole_model_options_reject_regional_compile(option):
-    """train.cudagraphs and train.pdl (test_pdl.py) act on the whole-model compile only."""
+def test_cuda_graphs_reject_regional_compile():
+    """train.cudagraphs acts on the whole-model compile only."""
+    option = "cudagraphs"
     cfg = record()
     cfg.train.compile = "regional"
     setattr(cfg.train, option, True)

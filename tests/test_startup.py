@@ -2,7 +2,7 @@
 
 import time
 
-from speedrun.compile.startup import StartupPhases, bytecode_note, retune_note
+from speedrun.compile.startup import StartupPhases, bytecode_note
 
 
 def test_bytecode_note_only_when_bytecode_is_not_written():
@@ -23,15 +23,3 @@ def test_phases_add_up_to_the_total():
     assert list(d) == ["imports", "model"] and d["imports"] >= 1.0 and d["model"] >= 0.01
     assert abs(sum(p.phases.values()) - p.total()) < 1e-6
     assert p.describe().startswith(f"{p.total():.1f} s = imports ")
-
-
-def test_retune_note_only_for_coordinate_descent_on_a_torch_that_retunes():
-    cdt = "coordinate_descent_tuning=true"
-    note = retune_note(cdt, "2.11.0+cu130")
-    assert "coordinate_descent_tuning" in note and "2.11.0+cu130" in note and "172819" in note
-    assert retune_note("triton.max_tiles=3," + cdt, "2.12.1") is not None
-    assert retune_note(cdt, "2.13.0+cpu") is None  # 2.13 uses the tuned configuration from the cache
-    assert retune_note(cdt, "2.14.0.dev20261101") is None
-    assert retune_note("coordinate_descent_tuning=false", "2.11.0") is None
-    assert retune_note("", "2.11.0") is None
-    assert retune_note("triton.max_tiles=3", "2.11.0") is None

@@ -279,16 +279,6 @@ class TrainConfig:
     # for bit. Speed only: -0.8 ms/step in six A/B rounds and -1.6 in two full runs on one H200
     # (twenty-third session).
     head_once: bool = True
-    # Inductor's Triton kernels launched with programmatic dependent launch (Hopper+): each kernel starts
-    # while the one before finishes, and waits for its results at its first dependent load
-    # (`torch._inductor.config.triton.enable_pdl`). Whole-model compile only. Speed only.
-    pdl: bool = False
-    # Further Inductor options for the whole-model compile, "KEY=VALUE,..." with KEY a name in
-    # `torch._inductor.config` (dotted for its sections): e.g. "coordinate_descent_tuning=true" or
-    # "max_autotune_gemm=true". Values true/false, integers, decimals or words. For trying Inductor's
-    # own tuning without code changes; the compile keys name them. Some options reorder reductions
-    # (the last bits of the results) or lengthen the cold start: measure before relying on one.
-    inductor_options: str = ""
     log_every: int = 1
     dtype: str = "auto"  # activations: "auto" (bfloat16 on CUDA, float32 on CPU) | "bfloat16" | "float32"
     sample_tokens: int = 0  # print this many sampled tokens at the end (demo)
@@ -330,12 +320,28 @@ class RunConfig:
 SECTIONS = ("model", "attention", "optim", "schedule", "train", "data")
 
 
+# Fields that chose how a step ran, removed once measured (docs/performance.md says what each measured),
+# with the value the code now always has: a config.json that holds one at that value still loads.
+RETIRED: dict[str, object] = {
+    "train.pdl": False,  # Inductor's programmatic dependent launch: no gain on an H200
+    "train.inductor_options": "",  # further Inductor options: none adopted
+}
+
+
 def from_dict(d: dict) -> RunConfig:
-    """Rebuild a RunConfig from `to_dict()` output (e.g. a saved config.json)."""
+    """Rebuild a RunConfig from `to_dict()` output (e.g. a saved config.json). A retired field at the
+    value the code keeps is dropped; at any other value the run it describes is not what the code
+    computes or how it compiles, and loading refuses in one line."""
     cfg = RunConfig(name=d.get("name", "custom"))
     for section in SECTIONS:
         for key, value in d.get(section, {}).items():
-            set_field(cfg, f"{section}.{key}", value)
+            path = f"{section}.{key}"
+            if path in RETIRED:
+                if value != RETIRED[path]:
+                    raise ConfigError(f"{path}={value!r}: this option was removed (docs/performance.md); "
+                                      f"this speedrun runs only {path}={RETIRED[path]!r}")
+                continue
+            set_field(cfg, path, value)
     return cfg
 
 
@@ -445,29 +451,6 @@ def parse_flex_options(text: str) -> dict[str, int | bool]:
             raise ValueError(item)
         out[key] = {"true": True, "false": False}[value] if value in ("true", "false") else int(value)
     return out
-
-
-def parse_inductor_options(text: str) -> dict[str, bool | int | float | str]:
-    """"coordinate_descent_tuning=true,triton.max_tiles=3" -> {...: True, ...: 3}; ValueError if an item
-    is not KEY=VALUE or KEY is not a dotted Python name."""
-    out: dict[str, bool | int | float | str] = {}
-    for item in filter(None, (p.strip() for p in text.split(","))):
-        key, sep, value = (x.strip() for x in item.partition("="))
-        if not sep or not value or not all(part.isidentifier() for part in key.split(".")):
-            raise ValueError(item)
-        out[key] = _option_value(value)
-    return out
-
-
-def _option_value(text: str) -> bool | int | float | str:
-    if text.lower() in ("true", "false"):
-        return text.lower() == "true"
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
 
 
 def parses(parse, text: str) -> bool:
@@ -668,11 +651,6 @@ def _compile_checks(t: TrainConfig) -> list[Check]:
          f"got train.compile={t.compile}, train.cudagraphs={t.cudagraphs}"),
         (not (t.grad_accum == "inplace" and t.compile == "regional"), "train.grad_accum",
          "inplace needs the whole-model compile (or no compile), got train.compile=regional"),
-        (not (t.pdl and t.compile == "regional"), "train.pdl", whole),
-        (parses(parse_inductor_options, t.inductor_options), "train.inductor_options",
-         f"must be KEY=VALUE pairs separated by commas (KEY an option of torch._inductor.config), "
-         f"got {t.inductor_options!r}"),
-        (not (t.inductor_options and t.compile == "regional"), "train.inductor_options", whole),
     ]
 
 

@@ -136,13 +136,9 @@ def graph_config(cfg) -> dict:
     train = {k: t[k] for k in ("seq_len", "val_seq_len", "batch_seqs", "dtype", "compile")}
     if t["cudagraphs"]:  # Dynamo's package holds the graphs' wrapper; named only when on (older keys hold)
         train["cudagraphs"] = True
-    if t.get("pdl"):  # Inductor's option is in its own keys; Dynamo's packages need it named here
-        train["pdl"] = True
-    if t.get("inductor_options"):  # Inductor keys its own; Dynamo's packages need them named here
-        train["inductor_options"] = t["inductor_options"]
     if t.get("grad_accum", "auto") != "auto":  # auto resolves from fields the key holds (and world_size)
         train["grad_accum"] = t["grad_accum"]
-    if not t.get("cast_once", True):  # named only when off, as pdl when on
+    if not t.get("cast_once", True):  # named only when off (older keys hold)
         train["cast_once"] = False
     if t.get("head_once"):  # named when on (the default since the twenty-third session): the keys of
         # earlier runs, whose graphs quantise the head's weight in each micro-step, never match it

@@ -160,8 +160,7 @@ def run_child(cfg, device: torch.device, world_size: int, rank: int = 0) -> None
     accum = grad_accum.resolve(cfg.train.grad_accum, cfg.train.compile, True, cfg.train.cudagraphs,
                                cfg.train.batch_seqs // world_size, cfg.model.embed_kernel == "rows")
     summed = accum if accum in ("graph", "inplace") else False  # the trainer's step model, wrapper and all
-    step_model = compile_step_model(model, cfg.train.compile, True, cfg.train.cudagraphs, summed, cfg.train.pdl,
-                                    cfg.train.inductor_options)
+    step_model = compile_step_model(model, cfg.train.compile, True, cfg.train.cudagraphs, summed)
     for name, fn in (("head", lambda: warm_head(model, cfg, device)),
                      ("evaluation graph", lambda: warm_eval(step_model, model, cfg, device, dtype))):
         t0 = time.time()

@@ -76,10 +76,9 @@ def compile_regions(model: nn.Module, dynamic: bool = False) -> RegionalModel:
 
 
 def compile_step_model(model: nn.Module, mode: str, compiled: bool, cudagraphs: bool = False,
-                       summed: bool | str = False, pdl: bool = False, inductor: str = "") -> nn.Module:
+                       summed: bool | str = False) -> nn.Module:
     """The module the trainer calls: the model itself, whole-model compiled (its graphs replayed as CUDA
-    graphs with `cudagraphs`; Inductor's Triton kernels launched with programmatic dependent launch with
-    `pdl`; further Inductor options from `inductor`, train.inductor_options' text), or regional; with
+    graphs with `cudagraphs`), or regional; with
     `summed` (train.grad_accum=graph: True or "graph"; "inplace") wrapped in `grad_accum.SummedModel`,
     whose forward takes the running gradient sums."""
     from speedrun.train.grad_accum import SummedModel, allow_caching
@@ -90,39 +89,8 @@ def compile_step_model(model: nn.Module, mode: str, compiled: bool, cudagraphs: 
     if not compiled:
         return step_model
     if mode == "regional":
-        if summed or pdl or inductor:
-            raise ConfigError("train.grad_accum=graph or inplace, train.pdl and train.inductor_options need the whole-model "
-                              "compile, not regional")
+        if summed:
+            raise ConfigError("train.grad_accum=graph or inplace needs the whole-model compile, not regional")
         return compile_regions(model)
-    options = inductor_options(inductor)
-    if cudagraphs:
-        options["triton.cudagraphs"] = True
-    if pdl:
-        if not hasattr(torch._inductor.config.triton, "enable_pdl"):
-            raise ConfigError(f"train.pdl: this torch ({torch.__version__}) has no Inductor option triton.enable_pdl")
-        options["triton.enable_pdl"] = True
-    return torch.compile(step_model, dynamic=False, fullgraph=True, options=options or None)
-
-
-def inductor_options(text: str) -> dict:
-    """train.inductor_options as torch.compile's options, each checked against this torch's Inductor: the
-    option must exist and take the value's type (an integer is accepted for a decimal option)."""
-    from torch._inductor import config as inductor_config
-
-    from speedrun.config import parse_inductor_options
-
-    options = {}
-    for key, value in parse_inductor_options(text).items():
-        *sections, name = key.split(".")
-        holder = inductor_config
-        for section in sections:
-            holder = getattr(holder, section, None)
-        if holder is None or not hasattr(holder, name):
-            raise ConfigError(f"train.inductor_options: this torch ({torch.__version__}) has no Inductor option {key!r}")
-        current = getattr(holder, name)
-        if isinstance(current, float) and type(value) is int:
-            value = float(value)
-        if current is not None and type(current) is not type(value):
-            raise ConfigError(f"train.inductor_options: {key} takes a {type(current).__name__}, got {value!r}")
-        options[key] = value
-    return options
+    options = {"triton.cudagraphs": True} if cudagraphs else None
+    return torch.compile(step_model, dynamic=False, fullgraph=True, options=options)

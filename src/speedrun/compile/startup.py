@@ -98,28 +98,6 @@ def bytecode_note(dont_write_bytecode: bool, pycache_prefix: str | None) -> str 
             "machine); unset it, with PYTHONPYCACHEPREFIX=<a writable folder> if site-packages is read-only")
 
 
-def retune_note(inductor_options: str, torch_version: str) -> str | None:
-    """A note for train.inductor_options asking for coordinate-descent tuning on a torch that re-tunes
-    in every process, else None.
-
-    torch before 2.13 stores the tuned configuration but, loading a kernel from a warm cache, does not
-    mark it as found by the tuner, so the tuning runs again (pytorch/pytorch#172819; 2.13's
-    `recheck_autotune_cache` carries the fix). Measured on an H200 with torch 2.11: 64 s of tuning in a
-    warm start of 90 s instead of 24 (docs/benchmarks.md, twenty-sixth session).
-    """
-    from torch.torch_version import TorchVersion
-
-    from speedrun.config import parse_inductor_options
-
-    if not parse_inductor_options(inductor_options).get("coordinate_descent_tuning"):
-        return None
-    if TorchVersion(torch_version) >= (2, 13):
-        return None
-    return (f"train.inductor_options: this torch ({torch_version}) runs coordinate_descent_tuning again in "
-            "every process, warm compiler caches or not (pytorch/pytorch#172819; measured on an H200: about "
-            "a minute of each start)")
-
-
 def process_start_time() -> float:
     """Wall-clock time at which this process started (Linux /proc), else now."""
     try:

@@ -35,7 +35,7 @@ from speedrun.run.rundir import RunDir, git_commit, git_dirty
 from speedrun.data.shards import check_vocab
 from speedrun.compile.session import CompileSession
 from speedrun.train.setup import build_model, pick_dtype, resolve_data
-from speedrun.compile.startup import StartupPhases, bytecode_note, compiled_graphs, first_time_on_machine, retune_note
+from speedrun.compile.startup import StartupPhases, bytecode_note, compiled_graphs, first_time_on_machine
 
 
 # ------------------------------------------------------------------ trainer
@@ -128,9 +128,6 @@ class Trainer:
         note = bytecode_note(bool(sys.flags.dont_write_bytecode), sys.pycache_prefix)
         if note and info.is_main and first_time_on_machine("bytecode"):
             print(f"speedrun: note: {note}", flush=True)
-        note = retune_note(cfg.train.inductor_options, torch.__version__)
-        if note and info.is_main and self.device.type == "cuda" and cfg.train.compile != "off":
-            print(f"speedrun: note: {note}", flush=True)
         self.dtype = pick_dtype(cfg.train.dtype, self.device)
         if self.device.type == "cpu":
             from speedrun.train.host_memory import keep_freed_blocks
@@ -191,8 +188,7 @@ class Trainer:
         summed = self.grad_accum if self.grad_sums is not None else False
         self.step_model = self.session.compile(lambda: compile_step_model(  # whole model or regional
             self.model, cfg.train.compile, self.compiled,
-                                                          cfg.train.cudagraphs, summed,
-                                                          cfg.train.pdl, cfg.train.inductor_options))
+                                                          cfg.train.cudagraphs, summed))
         self.optimizers = build_optimizers(self.model, cfg.optim)
         train_files, self.val_file = resolve_data(cfg)
         # an id past the embedding would stop the first step with an IndexError deep in the model
