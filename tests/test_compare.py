@@ -49,10 +49,10 @@ def _bench(path, ms, energy=None, clock=1640.0, overrides=(), reserved=None):
 
 def test_command_on_bench_files(tmp_path, capsys):
     a = [_bench(tmp_path / f"a{i}.json", ms, 410.0 + i) for i, ms in enumerate(A)]
-    b = [_bench(tmp_path / f"b{i}.json", ms, 412.0 + i, 1620.0, ["model.wgrad_blas=auto"]) for i, ms in enumerate(B)]
+    b = [_bench(tmp_path / f"b{i}.json", ms, 412.0 + i, 1620.0, ["model.ce_math=tanh_approx"]) for i, ms in enumerate(B)]
     assert main(["compare", *a, "--vs", *b]) == 0
     out = capsys.readouterr().out
-    assert "A: 4 x proxy212, overrides (none)" in out and "B: 4 x proxy212, overrides model.wgrad_blas=auto" in out
+    assert "A: 4 x proxy212, overrides (none)" in out and "B: 4 x proxy212, overrides model.ce_math=tanh_approx" in out
     ms_row = next(line for line in out.splitlines() if line.startswith("| ms/step"))
     p = stats.ttest_ind(B, A, equal_var=False).pvalue
     assert "| +2.99 |" in ms_row and f"| {p:.3g} |" in ms_row and "+0.50%" in ms_row

@@ -60,7 +60,7 @@ CHOICES = [  # every option with a fixed set of values, and that set as validate
     ("model.ce_math", "precise, tanh_approx or lean"), ("model.head_kernel", "cublas, gluon or auto"),
     ("model.head_rowsums", "epilogue, split or consumers"), ("model.qk_kernel", "torch, triton or auto"),
     ("model.mlp_kernel", "torch, triton or auto"), ("model.embed_kernel", "torch, triton, auto or rows"),
-    ("model.gate_kernel", "linear or inline"), ("train.dtype", "auto, bfloat16 or float32"),
+    ("train.dtype", "auto, bfloat16 or float32"),
     ("attention.window", "none, fixed or growing"), ("attention.backend", "auto, flex, dense or gluon"),
     ("attention.order_kernel", "torch, triton or auto"), ("optim.kind", "muon or adamw"),
     ("optim.kernel", "torch, triton or auto"), ("train.compile", "auto, on, regional or off"),

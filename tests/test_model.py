@@ -132,53 +132,6 @@ def test_rotary_table_does_not_change_the_model():
     assert not any("table" in k or "freq" in k for k in model.state_dict())
 
 
-def _gate_pass(attn, x, up):
-    """The gate's logits, and the gradients of <logits, up> for x and gate_w."""
-    x = x.clone().requires_grad_()
-    attn.gate_w.grad = None
-    logits = attn.gate_logits(x)
-    (logits.float() * up).sum().backward()
-    return logits.detach(), x.grad, attn.gate_w.grad.clone()
-
-
-def test_inline_gate_is_the_linear_product():
-    """model.gate_kernel=inline writes the gate's 12-term dot products as element-wise work. Each term
-    is exact in float32 and the sum is rounded to bfloat16 once, like F.linear's bfloat16 product: the
-    two agree to the last bit except where the order of the float32 additions decides a rounding, and
-    both are the correctly rounded float64 product there, within one bfloat16 step. The same holds for
-    both gradients."""
-    from speedrun.config import ModelConfig
-    from speedrun.model.gpt import Attention
-
-    cfg = ModelConfig(model_dim=64, num_heads=2, head_dim=32)
-    assert cfg.gate_kernel == "linear" and cfg.gate_inputs == 12
-    attn = Attention(cfg)
-    g = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        attn.gate_w.copy_(torch.randn(attn.gate_w.shape, generator=g))
-    x = torch.randn(1, 1000, 64, generator=g).bfloat16()
-    up = torch.randn(1, 1000, 2, generator=g)
-    runs = {}
-    for kernel in ("linear", "inline"):
-        cfg.gate_kernel = kernel
-        runs[kernel] = _gate_pass(attn, x, up)
-    truth = x[..., :12].double() @ attn.gate_w.bfloat16().double().t()
-    for name, a, b in zip(("logits", "d x", "d gate_w"), runs["linear"], runs["inline"]):
-        assert a.dtype == b.dtype and a.shape == b.shape, name
-        same = (a == b).float().mean().item()
-        assert same > 0.97, (name, same)
-        torch.testing.assert_close(b.float(), a.float(), rtol=2 ** -7, atol=1e-6, msg=name)
-    step = runs["inline"][0].float().abs() * 2 ** -7
-    assert ((runs["inline"][0].double() - truth).abs() <= step.double() + 1e-30).all()
-    assert not torch.equal(runs["inline"][2], torch.zeros_like(runs["inline"][2]))
-
-
-def test_gate_kernel_field_is_validated():
-    from model_helpers import assert_field_validated
-
-    assert_field_validated("model.gate_kernel", "inline", "fused")
-
-
 def _lambdas_seen(model, tok, tgt):
     """Loss, the scalars' gradient, and the λ pair each attention layer was handed, by layer."""
     seen, handles = {}, []

@@ -113,20 +113,6 @@ class ModelConfig:
     # installed). Same math up to the order of float32 additions. "triton" is not faster in the step
     # (eleventh and thirty-fourth sessions), so opt-in.
     embed_kernel: str = "rows"
-    # The attention gate's 12-input product (model.Attention.gate_logits): "linear" (F.linear in
-    # bfloat16: three tiny cuBLAS/CUTLASS products a layer and micro-step; the default) | "inline" (the
-    # same 12-term dot products written as float32 element-wise products and a sum of exact bfloat16 x
-    # bfloat16 terms, rounded to bfloat16 as the product is, for Inductor to fuse). Same math up to the
-    # order of twelve float32 additions. Measured much slower on an H200 (twenty-first session: 653.35 /
-    # 654.09 against 610.68 ms/step, docs/performance.md), so opt-in.
-    gate_kernel: str = "linear"
-    # The BLAS library of the blocks' weight gradients (blas.py): "cublas" (PyTorch's default: split-K
-    # products and a reduction kernel each) | "cublaslt" (one kernel each) | "auto" (cuBLASLt for outputs of
-    # 2^20 elements or more: the q-k-v and MLP weights, not the 768 x 768 output projection). Same
-    # products, another summation order: gradients equal up to rounding. Per call on an H200 8-14 µs less
-    # for each of the q-k-v and MLP weights, 30 µs more for the projection (thirty-third session); in the
-    # step "auto" is 2.6-3.6 ms/step slower on a power-capped H200 (more energy a step; thirty-fourth), so opt-in.
-    wgrad_blas: str = "cublas"
 
     @property
     def padded_vocab(self) -> int:
@@ -325,6 +311,8 @@ SECTIONS = ("model", "attention", "optim", "schedule", "train", "data")
 RETIRED: dict[str, object] = {
     "train.pdl": False,  # Inductor's programmatic dependent launch: no gain on an H200
     "train.inductor_options": "",  # further Inductor options: none adopted
+    "model.gate_kernel": "linear",  # the gate's product as fused element-wise work: 7% slower a step
+    "model.wgrad_blas": "cublas",  # cuBLASLt for the weight gradients: 2.6-3.6 ms a step slower
 }
 
 
@@ -597,8 +585,6 @@ def _model_checks(m: ModelConfig) -> list[Check]:
         _one_of(m.qk_kernel, "model.qk_kernel", KERNEL_CHOICES),
         _one_of(m.mlp_kernel, "model.mlp_kernel", KERNEL_CHOICES),
         _one_of(m.embed_kernel, "model.embed_kernel", (*KERNEL_CHOICES, "rows")),
-        _one_of(m.gate_kernel, "model.gate_kernel", ("linear", "inline")),
-        _one_of(m.wgrad_blas, "model.wgrad_blas", ("cublas", "cublaslt", "auto")),
         (mlp_options_ok(m.mlp_options), "model.mlp_options",
          f"want KEY=INT items (KEY one of the kernel's launch keys, optionally fwd. or bwd.), got {m.mlp_options!r}"),
         (2 * m.value_embeds <= m.num_layers, "model.value_embeds",

@@ -70,7 +70,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from speedrun.kernels import blas
 from speedrun.kernels.choice import TRITON_FOUND, built_once, pick_impl
 from speedrun.kernels.relu2_epilogue import DRELU2, DRELU2_FROM_A, STORE_A, STORE_H_AND_A
 
@@ -105,9 +104,9 @@ KEYS = tuple(KERNEL_CONFIG["fwd"])
 # relu(h) = bf16(sqrt(a)) from the saved a in place of h.
 
 
-def reference(x: Tensor, fc_w: Tensor, proj_w: Tensor, wgrad: str = "cublas") -> Tensor:
-    """The MLP as the model writes it without the kernel (weight gradients on `blas.library_for(wgrad)`)."""
-    return blas.linear(F.relu(blas.linear(x, fc_w, wgrad=wgrad)).square(), proj_w, wgrad=wgrad)
+def reference(x: Tensor, fc_w: Tensor, proj_w: Tensor) -> Tensor:
+    """The MLP as the model writes it without the kernel."""
+    return F.linear(F.relu(F.linear(x, fc_w)).square(), proj_w)
 
 
 def _valid(c: dict[str, int]) -> bool:
@@ -170,16 +169,14 @@ def pick(x: Tensor, fc_w: Tensor, proj_w: Tensor, impl: str = "auto") -> str:
     return choice
 
 
-def relu2_mlp(x: Tensor, fc_w: Tensor, proj_w: Tensor, impl: str = "auto", options: str = "",
-              wgrad: str = "cublas") -> Tensor:
+def relu2_mlp(x: Tensor, fc_w: Tensor, proj_w: Tensor, impl: str = "auto", options: str = "") -> Tensor:
     """relu(x fc_wᵀ)² proj_wᵀ; x (..., D), fc_w (F, D), proj_w (D, F), one dtype. impl as `pick`;
-    options as `parse_options` (checked by the op; `config.validate` checks `model.mlp_options`); the
-    weight gradients' library as `blas.library_for(wgrad, ...)` (`model.wgrad_blas`)."""
+    options as `parse_options` (checked by the op; `config.validate` checks `model.mlp_options`)."""
     if pick(x, fc_w, proj_w, impl) == "torch":
-        return reference(x, fc_w, proj_w, wgrad)
+        return reference(x, fc_w, proj_w)
     flat = x.reshape(-1, x.shape[-1]).contiguous()
     want_grad = torch.is_grad_enabled() and (x.requires_grad or fc_w.requires_grad or proj_w.requires_grad)
-    y = torch.ops.speedrun.relu2_mlp(flat, fc_w.contiguous(), proj_w.contiguous(), want_grad, options, wgrad)[0]
+    y = torch.ops.speedrun.relu2_mlp(flat, fc_w.contiguous(), proj_w.contiguous(), want_grad, options)[0]
     return y.view(*x.shape[:-1], y.shape[-1])
 
 
@@ -187,7 +184,7 @@ def relu2_mlp(x: Tensor, fc_w: Tensor, proj_w: Tensor, impl: str = "auto", optio
 
 
 @torch.library.custom_op("speedrun::relu2_mlp", mutates_args=())
-def relu2_mlp_op(x: Tensor, fc_w: Tensor, proj_w: Tensor, want_grad: bool, options: str, wgrad: str = "cublas"
+def relu2_mlp_op(x: Tensor, fc_w: Tensor, proj_w: Tensor, want_grad: bool, options: str
                  ) -> tuple[Tensor, Tensor, Tensor]:
     """y (N, D), and what the backward needs: h and a (N, F); with FROM_A, h (0,)-shaped; without
     want_grad, both (0,)-shaped."""
@@ -209,45 +206,44 @@ def _saved_shapes(x: Tensor, fc_w: Tensor, want_grad: bool, cfg: dict[str, int])
 
 
 @relu2_mlp_op.register_fake
-def _(x, fc_w, proj_w, want_grad, options, wgrad="cublas"):
+def _(x, fc_w, proj_w, want_grad, options):
     h_shape, a_shape = _saved_shapes(x, fc_w, want_grad, parse_options(options)["fwd"])
     return x.new_empty((x.shape[0], proj_w.shape[0])), x.new_empty(h_shape), x.new_empty(a_shape)
 
 
 def _setup_context(ctx, inputs, output):
-    x, fc_w, proj_w, want_grad, options, wgrad = inputs
+    x, fc_w, proj_w, want_grad, options = inputs
     _, h, a = output
     ctx.mark_non_differentiable(h, a)
     ctx.save_for_backward(x, fc_w, proj_w, h, a)
-    ctx.want_grad, ctx.options, ctx.wgrad = want_grad, options, wgrad
+    ctx.want_grad, ctx.options = want_grad, options
 
 
 def _backward(ctx, g_y, *_):
     if not ctx.want_grad:
         raise RuntimeError("relu2_mlp: the forward ran without a gradient (no grad mode or no input required grad)")
-    grads = torch.ops.speedrun.relu2_mlp_backward(g_y.contiguous(), *ctx.saved_tensors, ctx.options, ctx.wgrad)
-    return *grads, None, None, None
+    grads = torch.ops.speedrun.relu2_mlp_backward(g_y.contiguous(), *ctx.saved_tensors, ctx.options)
+    return *grads, None, None
 
 
 relu2_mlp_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 @torch.library.custom_op("speedrun::relu2_mlp_backward", mutates_args=())
-def relu2_mlp_backward(g_y: Tensor, x: Tensor, fc_w: Tensor, proj_w: Tensor, h: Tensor, a: Tensor, options: str,
-                       wgrad: str = "cublas") -> tuple[Tensor, Tensor, Tensor]:
+def relu2_mlp_backward(g_y: Tensor, x: Tensor, fc_w: Tensor, proj_w: Tensor, h: Tensor, a: Tensor, options: str
+                       ) -> tuple[Tensor, Tensor, Tensor]:
     """(dL/dx, dL/dfc_w, dL/dproj_w); dL/dh from the kernel (dL/dy proj_w with the ReLU² derivative,
-    relu(h) recovered from a where the forward saved no h); the weight gradients' products on
-    `blas.library_for(wgrad, ...)`."""
-    g_proj = blas.mm(g_y.T, a, blas.library_for(wgrad, proj_w.numel()))
+    relu(h) recovered from a where the forward saved no h)."""
+    g_proj = g_y.T @ a
     g_h = torch.empty_like(a)
     from_a = h.numel() == 0
     launch(g_y, proj_w, a if from_a else h, g_h, DRELU2_FROM_A if from_a else DRELU2, b_nk=False,
            cfg=parse_options(options)["bwd"])
-    return g_h @ fc_w, blas.mm(g_h.T, x, blas.library_for(wgrad, fc_w.numel())), g_proj
+    return g_h @ fc_w, g_h.T @ x, g_proj
 
 
 @relu2_mlp_backward.register_fake
-def _(g_y, x, fc_w, proj_w, h, a, options, wgrad="cublas"):
+def _(g_y, x, fc_w, proj_w, h, a, options):
     return torch.empty_like(x), torch.empty_like(fc_w), torch.empty_like(proj_w)
 
 

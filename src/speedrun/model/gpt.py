@@ -27,7 +27,6 @@ from speedrun.model.attention import AttentionMasks, document_ids, narrow_ids
 from speedrun.config import AttentionConfig, ModelConfig, parse_flex_options
 from speedrun.kernels import head as head_ops
 from speedrun.kernels import attn_inputs
-from speedrun.kernels import blas
 from speedrun.kernels import embeddings
 from speedrun.kernels import relu2_mlp
 
@@ -121,9 +120,9 @@ def aligned_pairs(v: Tensor) -> Tensor:
     return F.pad(v.view(-1, 2), (0, 2))
 
 
-def _linear(x: Tensor, w: Tensor, b: Tensor | None = None, wgrad: str = "cublas") -> Tensor:
-    """F.linear in x's dtype; the weight gradient's BLAS library as `blas.linear` (`model.wgrad_blas`)."""
-    return blas.linear(x, w.type_as(x), None if b is None else b.type_as(x), wgrad)
+def _linear(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
+    """F.linear in x's dtype."""
+    return F.linear(x, w.type_as(x), None if b is None else b.type_as(x))
 
 
 class Attention(nn.Module):
@@ -144,7 +143,7 @@ class Attention(nn.Module):
         """(B, T, dim) -> q, k, v as (B, T, H, D); rope: `Rotary.angles` of the positions, or None."""
         B, T = x.shape[:2]
         H, D = self.cfg.num_heads, self.cfg.head_dim
-        qkv = _linear(x, self.qkvo_w[:3].flatten(end_dim=1), self.qkv_b, self.cfg.wgrad_blas)
+        qkv = _linear(x, self.qkvo_w[:3].flatten(end_dim=1), self.qkv_b)
         mixed = ve is not None or self.cfg.value_embeds  # v = λ0 v (+ λ1 ve)
         if self.cfg.qk_norm and rope is not None and mixed and attn_inputs.pick_impl(qkv, self.cfg.qk_kernel) == "triton":
             return attn_inputs.attention_inputs(qkv, ve, lambdas, rope[0], rope[1], H, "triton")  # one launch each way
@@ -166,20 +165,12 @@ class Attention(nn.Module):
             gate = torch.sigmoid(self.gate_logits(x))
             y = y * gate.view(B, T, self.cfg.num_heads, 1)
         y = y.contiguous().view(B, T, -1)
-        return _linear(y, self.qkvo_w[3], self.o_b, self.cfg.wgrad_blas)
+        return _linear(y, self.qkvo_w[3], self.o_b)
 
     def gate_logits(self, x: Tensor) -> Tensor:
-        """x[..., :gate_inputs] @ gate_wᵀ in x's dtype: one product, or (`gate_kernel="inline"`) its terms.
-
-        Inline, each term is a product of two values of x's dtype, exact in float32, and the sum is
-        rounded to x's dtype once, as the product's float32 accumulator is: what cuBLAS computes, up to
-        the order of the additions, as element-wise work that Inductor fuses into the gate's kernels
-        (and the backward's two products into reductions)."""
-        xs = x[..., : self.cfg.gate_inputs]
-        if self.cfg.gate_kernel == "linear":
-            return _linear(xs, self.gate_w)
-        w = self.gate_w.type_as(x).float()
-        return (xs.float().unsqueeze(-1) * w.t()).sum(-2).type_as(x)
+        """x[..., :gate_inputs] @ gate_wᵀ in x's dtype: one product (written as fused element-wise work
+        instead, the step ran 7% slower on an H200: docs/performance.md)."""
+        return _linear(x[..., : self.cfg.gate_inputs], self.gate_w)
 
     def forward(self, x, ve, lambdas, rope, masks: AttentionMasks, long: bool, keep_v: list | None = None) -> Tensor:
         q, k, v = self.project(x, ve, lambdas, rope)
@@ -197,15 +188,14 @@ class MLP(nn.Module):
         self.fc_b = nn.Parameter(torch.zeros(cfg.mlp_hidden)) if cfg.bias else None
         self.proj_b = nn.Parameter(torch.zeros(cfg.model_dim)) if cfg.bias else None
         self.activation = cfg.activation
-        self.kernel, self.options, self.wgrad = cfg.mlp_kernel, cfg.mlp_options, cfg.wgrad_blas
+        self.kernel, self.options = cfg.mlp_kernel, cfg.mlp_options
 
     def forward(self, x: Tensor) -> Tensor:
         if self.activation == "relu2" and self.fc_b is None:  # the fused kernel or its reference
-            return relu2_mlp.relu2_mlp(x, self.fc_w.type_as(x), self.proj_w.type_as(x), self.kernel, self.options,
-                                       self.wgrad)
-        h = _linear(x, self.fc_w, self.fc_b, self.wgrad)
+            return relu2_mlp.relu2_mlp(x, self.fc_w.type_as(x), self.proj_w.type_as(x), self.kernel, self.options)
+        h = _linear(x, self.fc_w, self.fc_b)
         h = F.relu(h).square() if self.activation == "relu2" else F.gelu(h, approximate="tanh")
-        return _linear(h, self.proj_w, self.proj_b, self.wgrad)
+        return _linear(h, self.proj_w, self.proj_b)
 
 
 class Block(nn.Module):
