@@ -277,7 +277,7 @@ def test_choices_are_installed_in_the_thread_that_runs_the_backward():
 def test_record_size_masks_compile_on_gpu(cuda, sparse):
     """The masks of one micro-step at the record's size (49,152 tokens, FineWeb-like documents),
     built inside a compiled graph as the model builds them, equal the same code run eagerly. Inductor's
-    GPU code for the mask build can fail where its CPU code and small sizes do not (thirteenth session:
+    GPU code for the mask build can fail where its CPU code and small sizes do not (a400599, 2026-12-01:
     a scatter form of the block lists compiled in every CPU and GPU test, then failed in the model)."""
     gen = torch.Generator().manual_seed(0)
     tok = random_tokens(49152, 1 / 420, gen).to(cuda)

@@ -230,7 +230,7 @@ def test_gpu_compiled_model_step_matches_flex(cuda):
     cfg = presets.proxy212()
     # build_model installs FlexAttention's 64-token backward tiles only when it picks flex; on Hopper it
     # picks gluon, so the flex arm below needs them installed here. Without this line the test passed only
-    # after another test had installed them (forty-first session: run alone, no backward tile fitted).
+    # after another test had installed them (found in 38a67e2, 2026-12-04: run alone, no backward tile fitted).
     use_sparse_block(cfg.attention.sparse_block, cfg.attention.block_size, cuda)
     gen = torch.Generator().manual_seed(0)
     tokens = random_tokens(8192, 0.003, gen).to(cuda)
@@ -367,7 +367,7 @@ def test_kernels_are_where_the_portable_cache_looks():
 def test_model_hands_the_configs_kernel_variants_to_the_launchers(monkeypatch):
     """The model reads `attention.gluon_overlap` / `gluon_q_regs` / `gluon_dq_q_regs` / `gluon_dkdv_smem` /
     `gluon_docs_i32` from its config for every Gluon call, forward and backward: the defaults (Q_REG on since
-    the forty-first session, DQ_Q_REG and int32 ids since the forty-third, DKDV_SMEM since the forty-fourth)
+    38a67e2, DQ_Q_REG and int32 ids since 0d63ee6, DKDV_SMEM since 866abcc, all 2026-12-04)
     and configs that turn them around."""
     from speedrun.kernels import attn_gluon as A
     from speedrun.config import AttentionConfig, ModelConfig

@@ -569,7 +569,7 @@ from torch._inductor.utils import run_and_get_code
 from speedrun.model import gpt as model_mod
 from speedrun.config import AttentionConfig, ModelConfig
 from speedrun.model.gpt import GPT
-if sys.argv[1] == "plain":  # the λ pairs as plain slices of the scalars, as before the twenty-eighth session
+if sys.argv[1] == "plain":  # the λ pairs as plain slices of the scalars, as before ae2e367 (2026-12-02)
     model_mod.aligned_pairs = lambda v: v.view(-1, 2)
 cfg = ModelConfig(num_layers=2, value_embeds=1, model_dim=64, num_heads=2, head_dim=32, mlp_hidden=128,
                   vocab_size=1000, no_attn_layers=(), long_layers=(0,), fp8_head=False, qk_kernel="triton")

@@ -494,8 +494,8 @@ def test_random_data_is_capped_and_the_loader_wraps(tmp_path):
 def test_record_step_compiles_and_runs_gpu(cuda, tmp_path):
     """The `proxy212` training step at the record's size, compiled as a run compiles it, on random
     tokens: it must compile and give a finite loss with no recompile in the timed step. Small GPU
-    tests cannot see every compile failure: in the thirteenth session a mask-building form compiled
-    in every CPU and GPU test and then failed in the model (docs/benchmarks.md)."""
+    tests cannot see every compile failure: a mask-building form once compiled in every CPU and GPU
+    test and then failed in the model (found 2026-12-01, a400599)."""
     out = tmp_path / "bench.json"
     cmd = [sys.executable, "-m", "speedrun.cli", "bench", "--preset", "proxy212", "--warmup", "2", "--steps", "1",
            "--repeats", "1", "--no-sync-check", "--peak-size", "1024", "--json", str(out)]

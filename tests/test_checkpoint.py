@@ -5,7 +5,6 @@ import json
 import random
 
 import numpy as np
-import pytest
 import torch
 
 from reliability_helpers import events, train

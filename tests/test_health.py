@@ -8,7 +8,6 @@ must still be there and loadable.
 import json
 import math
 
-import pytest
 
 from reliability_helpers import events, records, train
 from speedrun.run import checkpoint as ck

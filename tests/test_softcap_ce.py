@@ -480,7 +480,7 @@ def test_gpu_transposed_gradient_at_record_size(cuda, tile, monkeypatch):
     """launch_transposed at the record's size, e5m2 x 448 as the FP8 head asks, at three tile shapes:
     the lean kernel's losses exactly, its e5m2 bytes but for rare one-step roundings (other reciprocal
     pairs), and the transposed gradient exactly the transposed copy of its own (Triton 3.6 once broke
-    that with byte-wise tiles: the nineteenth session)."""
+    that with byte-wise tiles: 5cf7652, 2026-12-01)."""
     pytest.importorskip("triton")
     from speedrun.kernels import ce_grad_gluon
     from speedrun.kernels import softcap_ce as sc

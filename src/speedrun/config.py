@@ -61,42 +61,42 @@ class ModelConfig:
     # to 2^-11: about 1 ms less per 49,152-token micro-step on an H200, the loss within ~1e-5) |
     # "lean" (the same float32 precision as "precise" in fewer GPU instructions: one reciprocal per two
     # elements, part of the softmax exponentials by an FMA polynomial; softcap_ce.py; the default since
-    # the fourteenth session: 4.02 -> 3.29 ms a micro-step's call on an H200). The torch reference
+    # 03a3753 (2026-12-01): 4.02 -> 3.29 ms a micro-step's call on an H200). The torch reference
     # ignores it.
     ce_math: str = "lean"
     # The FP8 head's forward product (head.py): "cublas" (torch._scaled_mm, then the CE kernel's two passes)
     # | "gluon" (head_gluon.py's warp-specialised kernel, the same bits as cuBLAS, with the lean CE kernel's
     # row sums in its epilogue so that the CE kernel reads z once; a capability-9.0 GPU, else cuBLAS with a
-    # warning) | "auto" (gluon where it can run, silently cuBLAS elsewhere; the default since the sixteenth
-    # session: 599.4 -> 595.0 / 595.9 ms/step in full runs on one H200, docs/benchmarks.md). An
+    # warning) | "auto" (gluon where it can run, silently cuBLAS elsewhere; the default since 2c51899
+    # (2026-12-01): 599.4 -> 595.0 / 595.9 ms/step in full runs on one H200). An
     # implementation choice: the same products and the same loss up to the order of float32 additions.
     head_kernel: str = "auto"
     # The fused head's CE also writes the e5m2 gradient transposed (softcap_ce.launch_transposed), so the
     # backward's grad_w product needs no transposed copy (transpose.py, ~1.27 ms a 49,152-token micro-step on
     # an H200). On Hopper the pass is ce_grad_gluon.py's kernel: the lean kernel's bytes exactly, in both
-    # layouts; elsewhere the Triton tile kernel (its own reciprocal pairs). The default since the thirty-second
-    # session: per call it ties the lean kernel plus the copy (3.12 against 3.04 ms, unconstrained clock), but
+    # layouts; elsewhere the Triton tile kernel (its own reciprocal pairs). The default since 4f2d00e
+    # (2026-12-02): per call it ties the lean kernel plus the copy (3.12 against 3.04 ms, unconstrained clock), but
     # it moves 2.5 GB less per micro-step, and on the power-capped H200 the step ran at a 15-30 MHz higher
-    # clock: full proxy212 runs 580.7 / 581.3 against 584.0 / 584.9 / 583.5 ms/step (A-B-A, one card,
-    # docs/benchmarks.md), at 2.3 GiB more allocated (g^T lives from the forward to the backward).
+    # clock: full proxy212 runs 580.7 / 581.3 against 584.0 / 584.9 / 583.5 ms/step (A-B-A, one card),
+    # at 2.3 GiB more allocated (g^T lives from the forward to the backward).
     ce_transposed: bool = True
     # Which warps of the Gluon head kernel compute the CE's row sums (head_gluon.py) from a tile's four
     # 64-column slices: "epilogue" (its 4-warp epilogue partition, beside the TMA stores of z) | "consumers"
     # (the two wgmma warpgroups, between issuing one k-step's wgmma and waiting for the last, on the
     # previous tile's z read back from shared memory) | "split" (two slices each, two partial sums a
-    # tile). The same sums up to the order of float32 additions. Seventeenth session (docs/benchmarks.md):
-    # the kernel alone 4,772 us (epilogue), 4,797 (consumers), 4,116 (split) on one H200; eighteenth:
+    # tile). The same sums up to the order of float32 additions. 2026-12-01, 57860f8:
+    # the kernel alone 4,772 us (epilogue), 4,797 (consumers), 4,116 (split) on one H200; 1a09427:
     # the step with "split" 608.1 / 611.4 against 613.1 / 613.7 ms/step (A/B/A/B, one shared cache).
     head_rowsums: str = "split"
     # The attention's inputs (QK RMS-norm + rotary, value mixing; attn_inputs.py): "torch" (the model's
     # operations, compiled by Inductor) | "triton" (one kernel launch each way for q, k and v, the
     # projection's whole gradient written in place) | "auto" (triton on CUDA when installed). Same math as
-    # the compiled reference; on an H200 2 ms/step less in full runs (docs/benchmarks.md, tenth session).
+    # the compiled reference; on an H200 2 ms/step less in full runs (2026-11-30, 2b0a890).
     qk_kernel: str = "auto"
     # The ReLU² MLP (relu2_mlp.py): "torch" (two linear layers, compiled: cuBLAS products and Inductor's
     # activation passes) | "triton" (the activation and its derivative in the epilogues of Triton
     # products; bfloat16 on a GPU of capability 9.0+) | "auto" (triton where it can run). Same math
-    # (bit-equal on an H200 at the record's size); about 13 ms/step less there (docs/benchmarks.md).
+    # (bit-equal on an H200 at the record's size); about 13 ms/step less there (docs/performance.md).
     mlp_kernel: str = "auto"
     # The Triton products' launch ("BLOCK_N=128,fwd.num_stages=4,...", keys relu2_mlp.KEYS): a schedule,
     # not the math; empty = relu2_mlp.KERNEL_CONFIG. GLUON=1 (the backward's default) runs a direction on
@@ -106,12 +106,12 @@ class ModelConfig:
     # into the trainer's in-place sums row by row, only the rows the tokens touch, with no dense float32
     # table filled and read each micro-step; train.grad_accum=auto resolves to inplace for it; where the
     # in-place sums do not run (regional compilation, grad_accum graph or autograd, no trainer) the
-    # "torch" lookups; -1.6 to -1.9 ms/step on one H200, thirty-sixth session) | "torch" (autograd's
+    # "torch" lookups; -1.6 to -1.9 ms/step on one H200, e24b82b, 2026-12-03) | "torch" (autograd's
     # dense embedding backward per table: Inductor's float32 buffer, atomics, then a rounding pass) |
     # "triton" (embeddings.py: the tokens sorted once, each run of equal tokens summed by a chunked
     # product, bfloat16 written once: the same gradients from run to run) | "auto" (triton on CUDA when
     # installed). Same math up to the order of float32 additions. "triton" is not faster in the step
-    # (eleventh and thirty-fourth sessions), so opt-in.
+    # (7d32cb7, 2026-12-01; 1e8865a, 2026-12-02), so opt-in.
     embed_kernel: str = "rows"
 
     @property
@@ -149,31 +149,31 @@ class AttentionConfig:
     # visited and about half the masked ones on FineWeb's documents (docs/performance.md).
     sparse_block: int = 64
     # With backend gluon: the forward that issues the next tile's QKᵀ before this tile's PV (attn_gluon's
-    # OVERLAP). The same products and roundings; measured slower in isolation on two cards (fortieth
-    # session: 2.29-3.10 J/TFLOP at windows 6-14 against the plain forward's 2.22-2.67): off.
+    # OVERLAP). The same products and roundings; measured slower in isolation on two cards (a7ed907,
+    # 2026-12-04: 2.29-3.10 J/TFLOP at windows 6-14 against the plain forward's 2.22-2.67): off.
     gluon_overlap: bool = False
     # With backend gluon: the forward's Q held in registers as QKᵀ's A operand (attn_gluon's Q_REG), so the
     # product reads only K from shared memory. The same bits out (a GPU test holds o and lse equal to the
-    # plain forward's); replayed from CUDA graphs (forty-first session) 2-6% less time and 1-7% less energy
+    # plain forward's); replayed from CUDA graphs (38a67e2, 2026-12-04) 2-6% less time and 1-7% less energy
     # at all eight windows measured; in the training step within the noise (-1.4 and +0.3 ms on two cards,
     # where the forward is about 3% of the step): on.
     gluon_q_regs: bool = True
     # With backend gluon: the dQ kernel's Q held in registers as its QKᵀ's A operand (attn_gluon's DQ_Q_REG),
     # as gluon_q_regs does for the forward. 223-235 registers and no spills under Triton 3.6 and 3.9 (the
-    # plain dQ kernel 201-211); the same bits out (a GPU test). Forty-third session, one H200: the backward
+    # plain dQ kernel 201-211); the same bits out (a GPU test). 0d63ee6 (2026-12-04), one H200: the backward
     # replayed from CUDA graphs 1.2-3.4% faster at all eight windows; the step -1.2 ms (-0.7 to -2.3 in four
     # rounds) and -2.1 J: on.
     gluon_dq_q_regs: bool = True
     # With backend gluon: the dK/dV kernel stages each query tile's lse, delta and document ids through shared
     # memory, read back only where used (attn_gluon's DKDV_SMEM), not held in registers from their load. The
     # same bits out (a GPU test); under Triton 3.6 its spill 32 -> 0 bytes with int32 ids (48 -> 8 with
-    # int64). Forty-fourth session, one H200: the backward replayed from CUDA graphs 2.6-5.5% faster than
+    # int64). 866abcc (2026-12-04), one H200: the backward replayed from CUDA graphs 2.6-5.5% faster than
     # with DQ_Q_REG and int32 ids alone at all eight windows; the step -1.6 ms in two rounds: on.
     gluon_dkdv_smem: bool = True
     # With backend gluon: the document ids the kernels compare as int32 rather than the model's int64 (where
     # the largest id fits: `attention.narrow_ids`). The same masks and bits out (a GPU test); fewer registers
-    # (the forward with Q_REG 202 -> 167 under Triton 3.6, dK/dV's spill 48 -> 32 bytes). Forty-third
-    # session, one H200, from CUDA graphs: the backward 1.2-3.7% and the forward 0.7-1.8% faster at all
+    # (the forward with Q_REG 202 -> 167 under Triton 3.6, dK/dV's spill 48 -> 32 bytes). 0d63ee6
+    # (2026-12-04), one H200, from CUDA graphs: the backward 1.2-3.7% and the forward 0.7-1.8% faster at all
     # eight windows; the step -0.2 to -0.9 ms in three rounds on two machines (-1.2 J): on.
     gluon_docs_i32: bool = True
     # How the block mask's lists are ordered (block_order.py): "torch" (a stable argsort per list, eight
@@ -246,7 +246,7 @@ class TrainConfig:
     # the same kernels, launched from a graph. Speed only. Each micro-step starts a new graph step; the
     # gradients add up in place in buffers the graphs read where they are (grad_accum=auto -> inplace), or
     # with grad_accum=autograd the first micro-step's gradients are copied out of the graph's memory
-    # (trainer.own_grads). Measured (thirty-fifth session, one power-capped H200): -1.6 ms/step in the
+    # (trainer.own_grads). Measured (007fa9a, 2026-12-02, one power-capped H200): -1.6 ms/step in the
     # bench, the same in full runs (fewer cycles, the same energy), 1.1 GiB less reserved; off by
     # default: no multi-GPU test (docs/performance.md)
     cudagraphs: bool = False
@@ -263,7 +263,7 @@ class TrainConfig:
     # the FP8 head's weight operands (the e4m3 weight and its transposed copy) made once a step, before
     # the first micro-step, not in each micro-step's head op (GPT.head_operands). The same operands bit
     # for bit. Speed only: -0.8 ms/step in six A/B rounds and -1.6 in two full runs on one H200
-    # (twenty-third session).
+    # (55e0680, 2026-12-01).
     head_once: bool = True
     log_every: int = 1
     dtype: str = "auto"  # activations: "auto" (bfloat16 on CUDA, float32 on CPU) | "bfloat16" | "float32"

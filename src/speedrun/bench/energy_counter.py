@@ -1,7 +1,7 @@
 """The GPU's own energy counter (NVML's total energy since the driver loaded), read through ctypes.
 
 Why: on an H200 held at its 700 W limit the step time follows the energy a step takes, not its cycles
-(`gpu_clocks.py`; docs/benchmarks.md, thirty-fourth and thirty-seventh sessions). Until now that energy
+(`gpu_clocks.py`; measured at 1e8865a, 2026-12-02, and 4ae6d8e, 2026-12-04). Until now that energy
 was estimated from nvidia-smi's power readings: each itself an average over about a second, sampled
 every 0.25 s. The card also counts the energy it has drawn, in millijoules
 (`nvmlDeviceGetTotalEnergyConsumption`, Volta and later). Two reads of that counter give the energy of

@@ -1,7 +1,7 @@
 """The GPU's SM clock, power draw and clock-event reasons while something is being timed.
 
 Why this exists: the same code and the same step ran 611 to 648 ms/step on different H200s of one
-cloud (docs/benchmarks.md, fifteenth session). Under this model's load an H200 reaches its 700 W
+cloud (measured at 99b1d90, 2026-12-01). Under this model's load an H200 reaches its 700 W
 power limit and the driver lowers the SM clock from 1,980 MHz to 1,500-1,650 MHz; how far depends on
 the card. A step time means little without the clock it ran at, so `speedrun bench` and `speedrun
 train` record the clock and power of their timed part and say when the power cap or a thermal limit
@@ -19,7 +19,7 @@ Two figures per step come from the same span (`per_step`): the energy (mean powe
 the SM cycles (mean clock x step time). The mean power is the card's own energy counter's over the
 span where it can be read (`energy_counter.py`: two reads, exact), else the samples' mean. On a card
 held at its power cap the step takes about its energy divided by the cap, so a change that saves
-cycles but spends more energy per step runs slower there (the thirty-fourth session: the weight
+cycles but spends more energy per step runs slower there (1e8865a, 2026-12-02: the weight
 gradients on cuBLASLt took 0.9% fewer cycles a step and 0.6% more energy, and the step was 0.6%
 slower); an uncapped card sees the cycles. The sampled figures are estimates: the driver's power
 reading is itself an average (over one second on recent GPUs) and the samples are 0.25 s apart, so

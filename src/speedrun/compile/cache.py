@@ -140,7 +140,7 @@ def graph_config(cfg) -> dict:
         train["grad_accum"] = t["grad_accum"]
     if not t.get("cast_once", True):  # named only when off (older keys hold)
         train["cast_once"] = False
-    if t.get("head_once"):  # named when on (the default since the twenty-third session): the keys of
+    if t.get("head_once"):  # named when on (the default since 55e0680, 2026-12-01): the keys of
         # earlier runs, whose graphs quantise the head's weight in each micro-step, never match it
         train["head_once"] = True
     return {"model": d["model"], "attention": d["attention"], "train": train}

@@ -48,16 +48,16 @@ from speedrun.kernels import relu2_gluon
 
 BLOCK = 64  # rows of a query block and of a key block: the 64-token block mask's granularity
 # STAGES: the K/V (or Q/dO) ring's depth; OVERLAP: the forward with the next tile's QKᵀ issued before this
-# tile's PV (`_attn_fwd_overlap_kernel`; measured slower on two cards in the fortieth session: off)
+# tile's PV (`_attn_fwd_overlap_kernel`; measured slower on two cards in a7ed907, 2026-12-04: off)
 # Q_REG: the forward's Q loaded once into registers as QKᵀ's A operand rather than read from shared memory
 # by every wgmma (half that product's shared-memory reads; 227 registers, no spills; the same bits out).
 # DQ_Q_REG: the same for the dQ kernel's QKᵀ (223-235 registers, no spills; the same bits out). With dO in
-# registers too dQ spills under Triton 3.9 (docs/performance.md, forty-second and forty-third sessions).
+# registers too dQ spills under Triton 3.9 (docs/performance.md; 79c3465 and 0d63ee6, 2026-12-04).
 # DKDV_SMEM: the dK/dV kernel with each query tile's lse, delta and ids through shared memory
 # (`_dkdv_tile_smem`): no spill under Triton 3.6 with int32 ids (32 bytes in the plain kernel), the same
-# bits out, 2.6-5.5% off the backward (forty-fourth session). The model takes OVERLAP, Q_REG, DQ_Q_REG and
+# bits out, 2.6-5.5% off the backward (866abcc, 2026-12-04). The model takes OVERLAP, Q_REG, DQ_Q_REG and
 # DKDV_SMEM from `attention.gluon_overlap` / `gluon_q_regs` / `gluon_dq_q_regs` / `gluon_dkdv_smem` (Q_REG
-# on since the forty-first session, DQ_Q_REG since the forty-third, DKDV_SMEM since the forty-fourth);
+# on since 38a67e2, DQ_Q_REG since 0d63ee6, DKDV_SMEM since 866abcc, all 2026-12-04);
 # CONFIG is the launchers' default for callers that pass none:
 # the plain kernels, the ones the others are tested against. The kernels take the document ids as int64
 # or int32 (`attention.gluon_docs_i32`: int32, fewer registers, the same comparisons).

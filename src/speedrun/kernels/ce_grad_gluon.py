@@ -14,7 +14,7 @@ CPT = 8 consecutive columns of row 4j + r, TPC = 8 threads side by side along th
   conversion Triton's own float8 cast uses, so its bytes are g's). One layout conversion (through
   shared memory) hands each thread four words of one column, stored as 16 bytes: 128 bytes a column
   per warp instruction, whole cache lines.
-Measured on an H200 (thirty-second session, docs/performance.md): storing the words straight from the
+Measured on an H200 (4f2d00e, 2026-12-02; docs/performance.md): storing the words straight from the
 compute layout (32 bytes a column per warp, no shared memory at all) ran at 1.5 TB/s, 6.2-6.8 ms a
 call; narrower rows or columns per warp instruction were slower still, and loading the next step's z
 ahead (registers 106 -> 171) was slower. This form: 3.02-3.04 ms, the lean kernel and the copy 3.04.
@@ -40,7 +40,7 @@ from torch import Tensor
 # Launch parameters: columns a thread owns (CPT), threads along the columns (TPC; 32 / TPC along the
 # rows), warps (stacked along the rows). A CTA covers 4 * (32 / TPC) * num_warps rows, which must be
 # 128 (the words' conversion gives a column's 32 words to 8 threads), and one lean block of columns
-# (both halves), in steps of TPC * CPT columns a half. Timed on an H200 (thirty-second session):
+# (both halves), in steps of TPC * CPT columns a half. Timed on an H200 (4f2d00e, 2026-12-02):
 # (8, 8, 8) 3,044 us, (8, 16, 16) 3,021, (8, 4, 4) 5,090, (16, 8, 8) 4,097.
 CONFIG = {"CPT": 8, "TPC": 8, "num_warps": 8}
 

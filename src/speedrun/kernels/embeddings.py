@@ -30,7 +30,7 @@ half the bytes of the float32 one. Every sum is float32 in a fixed order
 and rounded once, so the gradient is the reference's up to the order of its
 float32 additions, and the same from run to run.
 
-Measured on an H200 (docs/benchmarks.md, eleventh session): the sort of
+Measured on an H200 (2026-12-01, 7d32cb7): the sort of
 16-bit keys 97.5 µs (int64 150 µs), the bfloat16 fill 103 µs, the kernels
 280 µs for the four tables; yet the step was no faster (656.19 against
 656.25 ms/step, one GPU, the same machine; an earlier launch: 637.81 against
@@ -59,8 +59,8 @@ from speedrun.kernels.choice import TRITON_FOUND, built_once, pick_impl
 
 KERNEL_DTYPES = (torch.bfloat16, torch.float32)
 # Sorted positions a program sums (the side of M), columns a program takes, warps. Swept on an H200 at the
-# record's size (scripts/bench/embed_bench.py, 27 launches, one table a launch; docs/benchmarks.md,
-# eleventh session): 64 x 128 with 2 warps 278 us for four tables, 4 warps 392, 32 x 128 297.
+# record's size (scripts/bench/embed_bench.py, 27 launches, one table a launch; 2026-12-01,
+# 7d32cb7): 64 x 128 with 2 warps 278 us for four tables, 4 warps 392, 32 x 128 297.
 KERNEL_CONFIG = {"CHUNK": 64, "BLOCK_D": 128, "num_warps": 2}
 
 

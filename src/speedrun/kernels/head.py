@@ -201,7 +201,7 @@ def fp8_mm_backward_prequantized(
     """The FP8 backward for the gradient g_f8 * grad_s * upstream (a 0-d tensor): grad_x's product
     from g_f8, grad_w's from its transposed copy: g_f8_t where the CE kernel wrote it, else
     `transpose.transpose_copy` (a Triton kernel on the GPU). Running the copy on a side stream beside
-    grad_x's product was measured: no gain (7.05 against 7.07 ms per micro-step, docs/benchmarks.md),
+    grad_x's product was measured: no gain (7.05 against 7.07 ms per micro-step, docs/performance.md),
     so it runs in line."""
     if g_f8_t is None or not g_f8_t.numel():
         g_f8_t = transpose.transpose_copy(g_f8)

@@ -4,7 +4,7 @@ soft-capped cross-entropy's row sums in its epilogue.
     z = bf16((x_f8 @ w_f8.T) * scale)   x_f8 (M, K), w_f8 (N, K) float8_e4m3fn; scale a float32 tensor
 
 is what `torch._scaled_mm(..., use_fast_accum=True)` computes for `fp8._forward_impl`; this kernel
-gives the same bits (measured at the record's shape, docs/benchmarks.md, sixteenth session).
+gives the same bits (measured at the record's shape, 2026-12-01, 2c51899).
 
 Why: at the record's shape (M = 49,152, K = 768, N = 50,304) cuBLAS takes ~3.58 ms on an H200 where
 its backward products of the same FLOPs, with small outputs, take ~2.7: the 4.9 GB bf16 store of z
@@ -19,7 +19,7 @@ bounds s, so the sum needs no running max and splits into independent per-tile s
 epilogue partition computes those sums for its tile from the bf16 z still in shared memory (the bits
 the CE kernel would load), with the lean kernel's per-element math (one reciprocal for two
 sigmoids; every exponential on the special-function unit: the CE kernel's FMA polynomial for a share
-of them was measured here in the sixteenth session and lost), and writes one float32 per row and
+of them was measured here in 2c51899 (2026-12-01) and lost), and writes one float32 per row and
 column tile into `rowsums` (M, cdiv(N, 256)). The CE kernel then skips its first pass and a whole read
 of z (`softcap_ce.launch(..., rowsums=...)`). The epilogue's special-function and FMA work runs
 on warps that do no tensor-core work. Padded columns beyond N (zero-filled operands) are masked out
@@ -33,8 +33,8 @@ the buffer (it is overwritten only after the current tile's mainloop) and sum sl
 one k-step's wgmma and waiting for the one before, spread over the unrolled k-steps. All four there
 slow the mainloop as much (their special-function work per k-step is about a wgmma's time); split
 two and two, with two partial sums a tile (the CE kernel adds up whatever columns it is given), the
-kernel measured 4,116 us against 4,772 with all on the epilogue (seventeenth session, one machine);
-the step 608.1 / 611.4 against 613.1 / 613.7 ms (eighteenth session), so `split` is the model's
+kernel measured 4,116 us against 4,772 with all on the epilogue (57860f8, one machine);
+the step 608.1 / 611.4 against 613.1 / 613.7 ms (1a09427, both 2026-12-01), so `split` is the model's
 default. CONFIG keeps all four on the epilogue; the model always passes `rowsum_config(...)`.
 
 Triton is imported on first use (`_build`); importing this module needs only torch.
@@ -52,15 +52,15 @@ from speedrun.kernels.softcap_ce import SIGMOID_TEMPERATURE
 
 # MAXNREG: registers a thread at launch (12 warps x 32 x 168 <= 65,536); EPI_REGS: the epilogue warpgroup's
 # after setmaxnreg (152-168 spill). GROUP_M: row blocks walked together (L2 reuse of x's rows). BLOCK_K 128 =
-# one 128-byte fp8 row, the 128-byte swizzle. POLY 1 (removed in the seventeenth session) took the b columns'
+# one 128-byte fp8 row, the 128-byte swizzle. POLY 1 (removed in 57860f8, 2026-12-01) took the b columns'
 # softmax exponentials by the CE kernel's FMA polynomial (fewer special-function operations, more
 # instructions) and lost: the epilogue is bound by issue. Measured on H200s at the record's shape
-# (sixteenth session, docs/benchmarks.md), z alone: GROUP_M 8 3,888 us, 32 3,486 (cuBLAS 3,580); SUB_N 128
+# (2c51899, 2026-12-01), z alone: GROUP_M 8 3,888 us, 32 3,486 (cuBLAS 3,580); SUB_N 128
 # 3,824; EPI_REGS 40 3,663; BLOCK_K 64 with 6 stages 4,545. With the row sums (machine B, z alone 3,472,
 # cuBLAS 3,733): POLY 1 5,216 us, POLY 0 4,486; with POLY 1, GROUP_M 16 5,141, 32 5,216, 64 5,248. Machine C
 # (z alone 3,327, cuBLAS 3,580), POLY 0: GROUP_M 32 4,687, 16 4,514. RS_EPI_SLICES: the 64-column slices of a
 # tile whose row sums the epilogue warps take (4: all; 0: all on the consumers, whose epilogue then keeps
-# EPI_REGS_2 registers). Seventeenth session (z alone 3,521): 4 4,772 us, 0 4,797, 3 4,728, 2 4,116.
+# EPI_REGS_2 registers). 57860f8 (z alone 3,521): 4 4,772 us, 0 4,797, 3 4,728, 2 4,116.
 CONFIG = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "SUB_N": 64, "GROUP_M": 16, "STAGES": 3,
           "EPI_WARPS": 4, "EPI_REGS": 128, "MAXNREG": 168, "STORE": True,
           "RS_EPI_SLICES": 4, "EPI_REGS_2": 40}

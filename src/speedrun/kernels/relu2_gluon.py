@@ -52,7 +52,7 @@ two: the consumers wait for the epilogue only if it takes longer than a tile's m
 the record's shape; the epilogue needs a few). Not overlapped: the consumers' own write of the
 accumulator to shared memory and the wgmma drain at each tile's end.
 
-A_TMA (backward only, off: measured slower in the thirty-first session): the epilogue brings the
+A_TMA (backward only, off: measured slower in 4fb0892, 2026-12-02): the epilogue brings the
 saved tensor's whole 128 x 256 tile into a second 64 KB buffer by TMA (four slice loads on one
 mbarrier), the next tile's as soon as it has read this tile's last slice, i.e. while the consumers
 compute that next tile, and reads it from shared memory, in place of plain global loads one slice
@@ -67,7 +67,7 @@ epilogue is the slower partition the next tile's load is waited for in full at t
 XTILE (backward, off: no gain in the step): the plain loads run one slice ahead across tiles too, the
 next tile's first slice loaded with this tile's last rather than after this tile's stores drain.
 Timed in turns on a settled clock it took 460 against 476 us a call (452 with EPI_REGS 136), but two
-A/B rounds of the training step each showed no difference beyond noise (thirty-first session).
+A/B rounds of the training step each showed no difference beyond noise (4fb0892, 2026-12-02).
 
 Not ping-pong (two consumer warpgroups on alternate tiles, each with its own epilogue): that hides
 the accumulator write too, but each warpgroup then holds a whole tile's accumulator and its

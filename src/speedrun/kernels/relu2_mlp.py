@@ -5,7 +5,7 @@ two products are cuBLAS calls and Inductor adds two memory-bound passes per
 layer and micro-step over the (tokens x 4·dim) hidden activations: forward,
 read h and write a = relu(h)²; backward, read dL/da and h and write dL/dh.
 At the record's 49,152 tokens x 3,072 that is 0.9 + 0.9 GB, about 33 ms of
-an H200 step (docs/benchmarks.md, seventh session).
+an H200 step (2026-11-30, 9c0f046).
 
 Here the two products whose outputs feed those passes are one Triton kernel
 each, with the pass in the epilogue while the accumulator tile is still in
@@ -20,7 +20,7 @@ registers:
   recovered from a in the epilogue (or h loaded, FROM_A=0); dL/da is never
   written.
 
-Why a alone is enough (FROM_A, the default since the twenty-ninth session):
+Why a alone is enough (FROM_A, the default since 221c046, 2026-12-02):
 for a bfloat16 r = relu(h), a = bf16(r²) and bf16(sqrt(a)) = r exactly (IEEE
 square root, round to nearest even) for every r with 2⁻⁶³ <= r < 2⁶⁴, and
 r = 0 gives a = 0; a CPU test checks all 32,640 positive bfloat16 values.
@@ -46,7 +46,7 @@ kernel needs compute capability 9.0 or later (or Triton's CPU interpreter);
 "torch" (the reference), "triton", "auto" (the kernel where it can run; the
 default).
 
-Measured on an H200 (docs/benchmarks.md, ninth session): per layer and
+Measured on an H200 (2026-11-30, 0f99371): per layer and
 micro-step the forward went from 458-460 us (cuBLAS 317-321 + Inductor's
 pass) to 392-394 us, the backward from 522-524 to 430 us, with every output
 and gradient bit-equal to the compiled reference at the record's size; the
@@ -58,7 +58,7 @@ On a capability-9.0 GPU the backward's product runs instead in the
 warp-specialised Gluon kernel of `relu2_gluon.py` (launch key GLUON, on for
 the backward by default): its epilogue runs on separate warps while the
 tensor cores work on the next tile. Bit-equal outputs, 478.7 -> 408.3 us a
-call on an H200 (docs/benchmarks.md, fourteenth session). The forward gained
+call on an H200 (2026-12-01, 03a3753). The forward gained
 nothing there (394.8 -> 395.2 us) and keeps this kernel.
 """
 
@@ -74,23 +74,23 @@ from speedrun.kernels.choice import TRITON_FOUND, built_once, pick_impl
 from speedrun.kernels.relu2_epilogue import DRELU2, DRELU2_FROM_A, STORE_A, STORE_H_AND_A
 
 # The launch, per direction; `options` ("KEY=VALUE,fwd.KEY=VALUE,bwd.KEY=VALUE") overrides it.
-# Chosen on an H200 at the record's shapes (scripts/bench/relu2_bench.py, 53 launches; docs/benchmarks.md,
-# ninth session): 128 x 256 x 64 tiles, 8 warps, persistent, the epilogue in two column halves; the
+# Chosen on an H200 at the record's shapes (scripts/bench/relu2_bench.py, 53 launches; 2026-11-30,
+# 0f99371): 128 x 256 x 64 tiles, 8 warps, persistent, the epilogue in two column halves; the
 # forward 4 stages (392-394 us a call), the backward 3 stages with h read by plain loads (430 us; four
 # stages do not fit in shared memory). WARP_SPEC (Triton's automatic warp specialisation, documented
 # for Blackwell) compiled on the H200 but changed nothing (392.4 against 393.6 us), so it stays off.
 # GLUON: on a compute-capability-9.0 GPU, the warp-specialised Gluon kernel (relu2_gluon.py: its epilogue
-# on separate warps, overlapping the next tile's products) in place of this one. Fourteenth session on
+# on separate warps, overlapping the next tile's products) in place of this one. Measured in 03a3753 (2026-12-01) on
 # an H200, bit-equal outputs: backward 478.7 -> 408.3 us, forward 394.8 -> 395.2 us; so the backward only.
 # FROM_A (read by the forward; the backward follows what the forward saved): save only a and recover
 # relu(h) from it in the backward's epilogue (module docstring); 0 saves h as well, as before.
 # A_TMA (read by the Gluon backward only): its epilogue loads the saved tensor a whole tile at a time by
 # TMA while the tile's products run, in place of plain loads one slice ahead, beside two 64-wide ring
 # stages (1) or four 32-wide ones (2) (relu2_gluon.GLUON_CONFIG's `*_tma`, `*_tma32` entries); measured
-# slower in the thirty-first session (596-642 against 422-476 us a call), so off (0).
+# slower in 4fb0892 (2026-12-02: 596-642 against 422-476 us a call), so off (0).
 # XTILE, EPI_REGS (read by the Gluon backward only): its plain loads one slice ahead across tiles too;
 # the epilogue warpgroup's registers (0: relu2_gluon.GLUON_CONFIG's). Bit-equal; per call a little faster,
-# in the training step no gain (thirty-first session), so off (0).
+# in the training step no gain (4fb0892, 2026-12-02), so off (0).
 KERNEL_CONFIG = {
     "fwd": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "EPI_SPLIT": 2, "PERSISTENT": 1,
             "H_PTR": 0, "WARP_SPEC": 0, "GLUON": 0, "FROM_A": 1, "A_TMA": 0, "XTILE": 0, "EPI_REGS": 0,

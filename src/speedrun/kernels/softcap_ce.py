@@ -44,8 +44,8 @@ barrier, constants folded into one exponent shift, s(1 - s) as one FMA), then
 shares one reciprocal between two elements (1/((1+a)(1+b)) gives both
 sigmoids; exponents clamped at 2^63 so the product stays finite), then moves
 a share of the softmax exponentials to a polynomial on the FMA units, which
-now have room (`LEAN_CONFIG["POLY"]`). Measured on an H200 (docs/benchmarks.md,
-fourteenth session): 4,021 -> 3,289 us a call at (49152, 50304) with the e5m2
+now have room (`LEAN_CONFIG["POLY"]`). Measured on an H200 (2026-12-01,
+03a3753): 4,021 -> 3,289 us a call at (49152, 50304) with the e5m2
 gradient, the same loss error against float64 (4.1e-7) and e5m2 bytes as
 close to float64's; the polynomial's share mattered little (+-60 us), so the
 kernel is no longer bound by one unit. It is the model's default
@@ -71,12 +71,12 @@ IGNORE_INDEX = -100  # F.cross_entropy's default: such rows add 0 to the loss an
 
 # Kernel launch parameters. BLOCK_V: vocabulary columns per inner-loop step
 # (a power of two); 50304 = 24.6 x 2048. Measured on an H200 at (49152, 50304)
-# bfloat16 (scripts/bench/ce_bench.py, docs/benchmarks.md): 4 warps 4.67 ms a
+# bfloat16 (scripts/bench/ce_bench.py, docs/performance.md): 4 warps 4.67 ms a
 # call with the gradient, 8 warps 4.82, 16 warps 5.46; BLOCK_V 1024 / 4096 slower.
 # math (`launch`'s argument, `model.ce_math`): how the kernel computes the sigmoid form's sigmoid
 #   "precise"     1 / (1 + 2^(-u log2 e)), Triton's float32 exp2 and division, as Inductor compiles the
 #                 reference's torch.sigmoid: three special-function-unit (SFU) operations per element and
-#                 pass with the softmax's exp2, and the SFU bounds the kernel (docs/benchmarks.md)
+#                 pass with the softmax's exp2, and the SFU bounds the kernel (docs/performance.md)
 #   "tanh_approx" 0.5 + 0.5 * tanh.approx.f32(u / 2), the hardware's approximate tanh: one SFU operation
 #                 for the sigmoid, relative error up to 2^-10.99 in tanh (CUDA only; other forms: precise)
 #   "lean"        the record's form with the same precision in fewer instructions (`_lean_kernel`; other
@@ -87,16 +87,16 @@ KERNEL_CONFIG = {"BLOCK_V": 2048, "num_warps": 4}
 MATHS = ("precise", "tanh_approx", "lean")
 # "lean": which softmax exponentials of each block's second half take the polynomial (0: none, 1: the
 # row-sum pass, 2: both passes), the block and the warps. On CUDA the reciprocal is the hardware's
-# approximate one (1 ulp). Swept on an H200 (docs/benchmarks.md, fourteenth session; 12 launches, with
+# approximate one (1 ulp). Swept on an H200 (2026-12-01, 03a3753; 12 launches, with
 # the e5m2 gradient, 4,021 us for "precise"): POLY 1, 4,096 columns, 8 warps 3,289 us; the others
 # 3,345-3,500 us (POLY 0: 3,345-3,488, POLY 2: 3,416-3,500).
 LEAN_CONFIG = {"POLY": 1, "BLOCK_V": 4096, "num_warps": 8}
-# `launch_transposed`'s gradient tiles (rows x columns; powers of two, rows a multiple of 4). Since the
-# nineteenth session the tiles pack four rows' e5m2 bytes into words (`_e5m2_word`) and move words through
+# `launch_transposed`'s gradient tiles (rows x columns; powers of two, rows a multiple of 4). Since
+# 5cf7652 (2026-12-01) the tiles pack four rows' e5m2 bytes into words (`_e5m2_word`) and move words through
 # shared memory: Triton 3.6 (the GPU machine's) transposed byte-wise tiles wrongly on an H200. Timed then
 # (49,152 tokens, row sums given): 32 x 128 / 4 warps 3,096 us, 64 x 128 / 4 3,236, 64 x 256 / 8 3,585,
 # against 3,100 for the CE kernel plus the transposed copy. On Hopper GPUs `launch_transposed` runs
-# ce_grad_gluon.py's pass instead (the default `model.ce_transposed=true` since the thirty-second session);
+# ce_grad_gluon.py's pass instead (the default `model.ce_transposed=true` since 4f2d00e, 2026-12-02);
 # these tiles remain the path of other GPUs and of Triton's CPU interpreter.
 TILE_CONFIG = {"BLOCK_M": 32, "BLOCK_V": 128, "num_warps": 4}
 
@@ -433,7 +433,7 @@ def _define_lean_kernel():
         """Four float32 tiles as e5m2 bytes of 32-bit words, g0 in the low byte (as the bytes lie in memory).
         On CUDA two `cvt.rn.satfinite.e5m2x2.f32`, the instruction Triton's own float8e5 conversion uses
         (so the bytes equal the row-major store's); Triton 3.6 miscompiled the bit casts of float8 tiles
-        this replaces (bytes 3 of half the words wrong on an H200, the nineteenth session). Elsewhere (the
+        this replaces (bytes 3 of half the words wrong on an H200, found 2026-12-01, 5cf7652). Elsewhere (the
         interpreter) the conversion and bit casts."""
         if FAST:
             return tl.inline_asm_elementwise(

@@ -7,7 +7,7 @@ contiguous, so the head's backward needs g^T as its own (vocabulary x
 tokens) copy: 2.47 GB read and written per 49,152-token micro-step.
 
 Measured on an H200 at that size (scripts/device/head_bench.py at c3a2675,
-docs/benchmarks.md): eager `g.T.contiguous()` 15.7 ms; Inductor's kernel for
+docs/performance.md): eager `g.T.contiguous()` 15.7 ms; Inductor's kernel for
 the same expression, which the compiled backward used, 1.97 ms; this kernel
 (64 x 128 tiles, 8 warps) 1.27 ms, about 3.9 TB/s of reads and writes. The
 tile is loaded with its rows' 128 bytes contiguous, transposed in registers

@@ -26,8 +26,8 @@ Three backends compute the same function:
   (`block_order`; its reference is an argsort).
 - `gluon`: kernels of this project's own (`attn_gluon`, Hopper only) on the
   same 64-token block lists and document ids, forward and backward; `auto`
-  picks it on an H100/H200 at the record's shapes (docs/benchmarks.md,
-  thirty-ninth session: -10 ms a step, the same loss).
+  picks it on an H100/H200 at the record's shapes (2026-12-04,
+  b892373: -10 ms a step, the same loss).
 - `dense`: a plain boolean (T, T) mask and `scaled_dot_product_attention`;
   the reference the tests hold FlexAttention and the Gluon kernels to, and
   the CPU path.

@@ -66,7 +66,7 @@ class Rotary(nn.Module):
     graph, cos/sin are cheap element-wise producers that Inductor inlines into
     every consumer, re-evaluated per element and head inside the fused QK-norm
     + rotary kernels; the table turns that into two loads. Measured on an H200
-    (docs/benchmarks.md, profiles of proxy212): those kernels went from 48.5 to
+    (docs/performance.md, profiles of proxy212): those kernels went from 48.5 to
     35.5 ms per step; at about 200 us a call they are still ~3x their
     memory-bound time.
     """
@@ -115,7 +115,7 @@ def aligned_pairs(v: Tensor) -> Tensor:
     cannot prove to be a multiple of 16 bytes, and the kernels that read those outputs lose their
     divisibility hints. The attention λ pairs are such inputs of `attn_inputs` (slices of the one
     float32 `scalars` vector, at 8-byte steps): every second layer's FlexAttention forward then ran
-    1.5-2 times slower on an H200 (the twenty-eighth session's profile). The copy is one tiny kernel a
+    1.5-2 times slower on an H200 (profiled 2026-12-02, ae2e367). The copy is one tiny kernel a
     forward; the values, and the gradients (pad's backward is a slice), are the same."""
     return F.pad(v.view(-1, 2), (0, 2))
 

@@ -17,7 +17,7 @@ and 12-10 value-embedding layouts).
 
 `speedrun ladder` prints the rungs; `--diff NAME` shows a rung's changes,
 `--proxy-steps NAME` the steps at which it reads proxy-212's 83M tokens and
-`--report RUN_DIR...` tabulates finished ladder runs (docs/benchmarks.md).
+`--report RUN_DIR...` tabulates finished ladder runs.
 """
 
 from __future__ import annotations
