@@ -1,0 +1,132 @@
+"""The 2026-07 record's head loss: multi-token prediction plus a prefix-token term.
+
+Spec: `shared/spec/record-2026-07.md`, "Head and loss". With ẑ = 23·σ((z + 5)/7.5)
+over all V columns (the padding columns take part in the softmax), the training
+loss of a packed local batch of n tokens is
+
+    Σ_t ℓ_t,  ℓ_t = Σ_k w_k·CE(ẑ_t, x[t+k+1]) + π·CE(ẑ_t, T′(x[t+1])),
+
+where the k-th term is dropped when t + k ≥ n (its target lies past the local
+batch), and the prefix term is used only where T′ exists. Targets are not
+masked at document boundaries. The result is the SUM over tokens, not the mean:
+the trainer backpropagates grad_scale × this sum ("Loss normalisation").
+
+Why it is built this way:
+
+* Plain PyTorch, one log-softmax. Every term reads the same row's softmax, so
+  the (n, V) log-probabilities are computed once in float32 and each term is a
+  gather from a slice: term k pairs rows 0..n−k−1 with targets k..n−1. Slicing
+  (never `roll`) is what drops the terms past the end. This is the reference
+  that a fused kernel is tested against, not the fast path: it holds the
+  (n, V) float32 softcap and log-softmax in memory.
+* The prefix table T′ is built from tiktoken's public vocabulary access
+  (`decode_single_token_bytes`, `is_special_token`): a dict bytes → id over the
+  mergeable ranks, then for each token its proper prefixes are tried from the
+  longest down. Every single byte is a GPT-2 token, so the walk is short and
+  the table builds in well under a second (the record builds it inside the
+  timed region). Ids that are not mergeable ranks (BOS, the padding) get −1.
+* The softcap is the model's (`record_parts.softcap`), written once; the MTP
+  weights and π change every step (the schedule), so they are arguments.
+
+CE gradient (spec, "Unresolved / ambiguous"): the record's fused kernel writes
+the logit gradient with the softmax weight S = Σ_k w_k (+ π where T′ exists)
+at EVERY position, including the last K−1 positions whose later MTP terms are
+dropped from the loss. `record_training_loss` is differentiated by autograd, so
+its gradient is the exact gradient of the loss it reports: at position t the
+softmax weight is Σ_{k : t+k<n} w_k (+ π where T′ exists). A kernel test that
+compares against this function must therefore either compare only rows
+t ≤ n − K, or add the kernel's extra (Σ_{k : t+k≥n} w_k)·p_t to the reference
+gradient on the last K−1 rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import tiktoken
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from speedrun.model.record_parts import softcap
+
+PADDED_VOCAB = 50304  # GPT-2's 50,257 ids padded to a multiple of 128 (spec, "Model")
+NO_PREFIX = -1
+EVAL_CHUNK = 8192  # rows of logits softcapped at once in `record_eval_loss`
+
+
+def _token_bytes(encoding: tiktoken.Encoding) -> dict[int, bytes]:
+    """id → byte string for the mergeable ranks only (special tokens such as BOS left out)."""
+    out = {}
+    for i in range(encoding.n_vocab):
+        if encoding.is_special_token(i):
+            continue
+        try:
+            out[i] = encoding.decode_single_token_bytes(i)
+        except KeyError:  # a hole in the ranks: no token has this id
+            continue
+    return out
+
+
+def _longest_proper_prefix(b: bytes, ids: dict[bytes, int]) -> int:
+    """The id of the longest proper prefix of b that is a token, else NO_PREFIX."""
+    for length in range(len(b) - 1, 0, -1):
+        hit = ids.get(b[:length])
+        if hit is not None:
+            return hit
+    return NO_PREFIX
+
+
+def prefix_table(encoding: tiktoken.Encoding, padded_vocab: int = PADDED_VOCAB) -> Tensor:
+    """T′ as an int64 tensor (padded_vocab,): the longest proper-prefix token of each id, else −1.
+
+    Single bytes have no proper prefix; BOS and the padding ids (≥ n_vocab) are −1.
+    int64 so that it indexes and gathers without a cast.
+    """
+    by_id = _token_bytes(encoding)
+    by_bytes = {b: i for i, b in by_id.items()}
+    table = [NO_PREFIX] * padded_vocab
+    for i, b in by_id.items():
+        table[i] = _longest_proper_prefix(b, by_bytes)
+    return torch.tensor(table, dtype=torch.int64)
+
+
+def _prefix_term(logp: Tensor, targets_next: Tensor, prefix: Tensor) -> Tensor:
+    """Σ_t −log p_t(T′(x[t+1])) over the positions where T′ exists."""
+    pre = prefix.to(device=targets_next.device, dtype=torch.int64)[targets_next]
+    has = pre >= 0
+    # clamp so that the −1 rows gather a real column; `has` then zeroes them
+    picked = logp.gather(1, pre.clamp(min=0)[:, None])[:, 0]
+    return -(picked * has).sum()
+
+
+def record_training_loss(z: Tensor, targets_next: Tensor, mtp_weights: Sequence[float],
+                         prefix_weight: float, prefix: Tensor) -> Tensor:
+    """The summed training loss of one packed local batch: a float32 scalar (float64 for float64 z).
+
+    z: raw logits (n, V) in any float dtype; targets_next: int64 (n,), targets_next[t] = x[t+1];
+    mtp_weights: w_0..w_{K−1}; prefix_weight: π; prefix: the T′ table (`prefix_table`).
+    See the module docstring for the formula and for what the gradient is.
+    """
+    n = z.shape[0]
+    logp = F.log_softmax(softcap(z), dim=-1)
+    total = logp.new_zeros(())
+    for k, w in enumerate(mtp_weights[:n]):  # k ≥ n has no position left: the whole term drops
+        picked = logp[: n - k].gather(1, targets_next[k:, None])
+        total = total - w * picked.sum()
+    if prefix_weight:
+        total = total + prefix_weight * _prefix_term(logp, targets_next, prefix)
+    return total
+
+
+def record_eval_loss(z: Tensor, targets: Tensor, chunk: int = EVAL_CHUNK) -> Tensor:
+    """Mean next-token cross-entropy (float32) of bf16 logits z (n, V) against targets (n,).
+
+    No MTP or prefix terms. Rows are softcapped `chunk` at a time, so a 262,144-token
+    validation chunk never holds all its float32 logits at once.
+    """
+    total = z.new_zeros((), dtype=torch.promote_types(z.dtype, torch.float32))
+    for i in range(0, z.shape[0], chunk):
+        s = softcap(z[i : i + chunk])
+        total = total + F.cross_entropy(s, targets[i : i + chunk], reduction="sum")
+    return total / z.shape[0]
