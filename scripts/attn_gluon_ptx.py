@@ -1,12 +1,10 @@
-"""The sm_90 PTX of every `attn_gluon` kernel variant, compiled here without a GPU, to show that a change
-to the kernels' source leaves what runs on the GPU untouched.
+"""The sm_90 PTX of every `attn_gluon` kernel, compiled here without a GPU, to show that a change to the
+kernels' source leaves what runs on the GPU untouched.
 
 usage: PYTHONPATH=src python3 scripts/attn_gluon_ptx.py DIR [REFERENCE_DIR]
 
-Writes one DIR/<kernel>-s<STAGES>-q<Q_REG>-<docs dtype>.ptx per variant (the forward at both ring depths
-and with Q in registers, its OVERLAP form, dQ at both depths and with Q in registers (DQ_Q_REG), dK/dV
-plain and with lse, delta and ids through shared memory (DKDV_SMEM, named q1); docs as int64 and int32),
-stripped of
+Writes one DIR/<kernel>-s<STAGES>-<docs dtype>.ptx per variant (the forward and dQ at both ring depths,
+dK/dV at the model's two; the document ids as int32, the model's where they fit, and int64), stripped of
 what only debugging reads: `.loc` / `.file` lines, comments, the debug sections and the `$L__tmpN:` labels
 that mark source lines. With REFERENCE_DIR (an earlier run's DIR, e.g. from the commit before the change),
 compares the two file by file and exits 1 if any differs.
@@ -24,8 +22,7 @@ from pathlib import Path
 from speedrun.kernels import attn_gluon as A
 from speedrun.kernels.relu2_gluon import resource_usage
 
-VARIANTS = [("fwd", 2, 0), ("fwd", 3, 0), ("fwd", 2, 1), ("fwd_overlap", 2, 0), ("fwd_overlap", 2, 1),
-            ("dq", 2, 0), ("dq", 3, 0), ("dq", 2, 1), ("dkdv", 2, 0), ("dkdv", 2, 1)]
+VARIANTS = [("fwd", 2), ("fwd", 3), ("dq", 2), ("dq", 3), ("dkdv", 2)]  # (kernel, STAGES)
 _DEBUG_LINE = re.compile(r"\s*(\.loc|\.file|//)|\$L__tmp\d+:$")
 
 
@@ -42,11 +39,9 @@ def dump(out: Path) -> list[str]:
     out.mkdir(parents=True, exist_ok=True)
     lines = []
     for docs in ("i64", "i32"):
-        for which, stages, q_reg in VARIANTS:
-            kernel = A.compile_offline(which, {"STAGES": stages, "Q_REG": q_reg, "DQ_Q_REG": q_reg,
-                                                 "DKDV_SMEM": q_reg},
-                                       docs_dtype=docs)
-            name = f"{which}-s{stages}-q{q_reg}-{docs}"
+        for which, stages in VARIANTS:
+            kernel = A.compile_offline(which, {"STAGES": stages}, docs_dtype=docs)
+            name = f"{which}-s{stages}-{docs}"
             (out / f"{name}.ptx").write_text(plain_ptx(kernel.asm["ptx"]))
             usage = resource_usage(kernel.asm["cubin"])
             lines.append(f"{name}: {usage['REG']} registers, {usage.get('STACK', 0)} B stack (spills), "

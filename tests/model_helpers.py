@@ -40,3 +40,11 @@ def assert_field_validated(field: str, good: str, bad: str) -> None:
     apply_overrides(cfg, [f"{field}={bad}"])
     with pytest.raises(ConfigError, match=field):
         validate(cfg)
+
+
+def force_impl(model, impl: str) -> None:
+    """Every kernel choice of a built model set to `impl` ("torch", "triton" or "auto"): how a test runs the
+    model's Triton kernels on a CPU under the interpreter, which `train.kernels` (auto | reference) never asks."""
+    for module in model.modules():
+        if hasattr(module, "impl"):
+            module.impl = impl

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from speedrun.model.attention import (
-    AttentionMasks, EOT, block_structure, dense_mask, document_ids, kept_blocks, window_counts,
+    EOT, MASK_BLOCK, AttentionMasks, block_structure, dense_mask, document_ids, kept_blocks, window_counts,
 )
 
 
@@ -34,32 +34,33 @@ def test_block_selection_matches_dense_reference(seed):
         assert torch.equal(block_mask_from_structure(docs, w, bs), dense_mask(docs, w, bs)), (seed, w)
 
 
-@pytest.mark.parametrize("seed,sparse", [(0, 16), (1, 16), (2, 16), (1, 8), (2, 4)])
-def test_block_lists_are_what_torch_derives(seed, sparse):
+@pytest.mark.parametrize("seed,bs", [(0, 128), (1, 128), (2, 128), (1, 64), (2, 64)])
+def test_block_lists_are_what_torch_derives(seed, bs):
     """`flex_block_mask` builds every block list itself (no vmap to trace). Per query block: the
     kept key blocks, nearest first, as many as `window_counts` says (the record's order); per key
-    block: exactly what `BlockMask.from_kv_blocks` derives from those, values and strides."""
+    block: exactly what `BlockMask.from_kv_blocks` derives from those, values and strides. Window
+    blocks of 128 tokens (the record's, split in two) and of 64 (the mask's own)."""
     from torch.nn.attention.flex_attention import BlockMask
 
     from speedrun.model.attention import flex_block_mask, refined_blocks
 
     gen = torch.Generator().manual_seed(seed)
-    bs = 16
-    docs = document_ids(random_tokens(bs * 20, [0.0, 0.02, 0.15][seed], gen))
+    docs = document_ids(random_tokens(bs * 20, [0.0, 0.02, 0.15][seed] * 16 / bs, gen))
     s = block_structure(docs, bs)
     for w in [1, 2, 3, 7, 40]:
         wt = torch.tensor(w, dtype=torch.int32)
-        got = flex_block_mask(s, wt, bs, sparse)
-        if sparse == bs:
+        got = flex_block_mask(s, wt, bs)
+        assert got.BLOCK_SIZE == (MASK_BLOCK, MASK_BLOCK)
+        if bs == MASK_BLOCK:
             assert torch.equal(torch.stack(window_counts(s, wt)),
                                torch.cat([got.kv_num_blocks, got.full_kv_num_blocks]).view(2, -1))
-        for kept, num, idx in zip(refined_blocks(s, wt, bs, sparse), (got.kv_num_blocks, got.full_kv_num_blocks),
+        for kept, num, idx in zip(refined_blocks(s, wt, bs, MASK_BLOCK), (got.kv_num_blocks, got.full_kv_num_blocks),
                                   (got.kv_indices, got.full_kv_indices)):
             for q in range(kept.shape[0]):
                 listed = idx[0, 0, q, : num[0, 0, q]].tolist()
                 assert listed == sorted(kept[q].nonzero().flatten().tolist(), reverse=True), (seed, w, q)
         ref = BlockMask.from_kv_blocks(got.kv_num_blocks, got.kv_indices, got.full_kv_num_blocks,
-                                       got.full_kv_indices, BLOCK_SIZE=sparse)
+                                       got.full_kv_indices, BLOCK_SIZE=MASK_BLOCK)
         for name in ("q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices"):
             a, b = getattr(got, name), getattr(ref, name)
             assert a.dtype == b.dtype and a.stride() == b.stride() and torch.equal(a, b), (seed, w, name)
@@ -76,7 +77,7 @@ def test_dense_mask_rules():
 
 
 def refined_mask(docs, w, bs, sb):
-    """Expand the `sparse_block`-granular selection to a (T, T) mask: partial sub-blocks through the
+    """Expand the selection at sb-token granularity to a (T, T) mask: partial sub-blocks through the
     token rule, full ones wholly (so a wrongly "full" sub-block shows)."""
     from speedrun.model.attention import refined_blocks
 
@@ -90,9 +91,10 @@ def refined_mask(docs, w, bs, sb):
 
 
 @pytest.mark.parametrize("seed", range(5))
-def test_finer_sparse_blocks_compute_the_same_mask(seed):
-    """`attention.sparse_block`: the window is chosen among block_size blocks, the kernel's blocks
-    are finer; the mask they give must be the dense reference's, token for token."""
+def test_finer_mask_blocks_compute_the_same_mask(seed):
+    """`refined_blocks` (the model's at MASK_BLOCK, here small): the window is chosen among block_size
+    blocks, the kernel's blocks are finer; the mask they give must be the dense reference's, token for
+    token."""
     gen = torch.Generator().manual_seed(seed)
     bs = 16
     docs = document_ids(random_tokens(bs * 16, [0.0, 0.01, 0.05, 0.2, 0.1][seed], gen))
@@ -101,26 +103,29 @@ def test_finer_sparse_blocks_compute_the_same_mask(seed):
             assert torch.equal(refined_mask(docs, w, bs, sb), dense_mask(docs, w, bs)), (seed, w, sb)
 
 
-def test_finer_sparse_blocks_skip_invisible_tiles():
-    """One document: the diagonal block's upper sub-block is dropped and its lower one is full."""
+def test_finer_mask_blocks_skip_invisible_tiles():
+    """One document: the diagonal block's upper sub-block is dropped and its lower one is full; a block
+    size the mask's blocks do not divide is refused."""
     from speedrun.model.attention import refined_blocks
 
     docs = torch.zeros(64, dtype=torch.long)
     part, full = refined_blocks(block_structure(docs, 32), torch.tensor(1), 32, 16)
     assert part.tolist() == [[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]]
     assert full.tolist() == [[0, 0, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0], [0, 0, 1, 0]]
+    with pytest.raises(ValueError, match="block_size 32 is not a multiple of the mask's 64-token blocks"):
+        refined_blocks(block_structure(docs, 32), torch.tensor(1), 32, MASK_BLOCK)
 
 
-@pytest.mark.parametrize("seed,sparse", [(0, None), (1, None), (2, None), (0, 64), (1, 32), (2, 64)])
-def test_flex_equals_dense_forward_cpu(seed, sparse):
+@pytest.mark.parametrize("seed,bs", [(0, 128), (1, 128), (2, 128), (0, 64)])
+def test_flex_equals_dense_forward_cpu(seed, bs):
     gen = torch.Generator().manual_seed(seed)
-    bs, T, H, D = 128, 512, 2, 16
+    T, H, D = 512, 2, 16
     tok = random_tokens(T, 0.004 * (seed + 1), gen)
     docs = document_ids(tok)
     q, k, v = (torch.randn(1, H, T, D, generator=gen) for _ in range(3))
     for w in [1, 2, 3]:
         long, short = torch.tensor(w), torch.tensor(max(w // 2, 1))
-        flex = AttentionMasks(docs, long, short, bs, "flex", sparse_block=sparse)
+        flex = AttentionMasks(docs, long, short, bs, "flex")
         dense = AttentionMasks(docs, long, short, bs, "dense")
         for is_long in (True, False):
             a = flex.attend(q, k, v, is_long, 0.12)
@@ -129,8 +134,8 @@ def test_flex_equals_dense_forward_cpu(seed, sparse):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("seed,sparse", [(0, None), (1, None), (2, None), (0, 64), (1, 64)])
-def test_compiled_flex_equals_dense_with_grad_gpu(cuda, seed, sparse):
+@pytest.mark.parametrize("seed", range(3))
+def test_compiled_flex_equals_dense_with_grad_gpu(cuda, seed):
     from speedrun.kernels.flex_tiles import use_sparse_block
 
     gen = torch.Generator().manual_seed(seed)
@@ -138,14 +143,11 @@ def test_compiled_flex_equals_dense_with_grad_gpu(cuda, seed, sparse):
     tok = random_tokens(T, 0.002 * (seed + 1), gen).to(cuda)
     docs = document_ids(tok)
     qkv = [torch.randn(1, H, T, D, generator=gen).to(cuda, torch.bfloat16).requires_grad_() for _ in range(3)]
-    if sparse:  # after the other seeds' backward compiles: the device thread's choices must change too
-        use_sparse_block(sparse, bs, cuda)
-    options = ({"fwd_BLOCK_M": 64, "fwd_BLOCK_N": 64, "bwd_BLOCK_M1": 32, "bwd_BLOCK_N1": 64,
-                "bwd_BLOCK_M2": 64, "bwd_BLOCK_N2": 32} if sparse else None)
+    use_sparse_block(MASK_BLOCK, bs, cuda)  # FlexAttention's backward tiles on the 64-token mask, as the trainer
 
     @torch.compile(fullgraph=True)
     def run_flex(q, k, v, w):
-        return AttentionMasks(docs, w, w // 2, bs, "flex", options, sparse).attend(q, k, v, True, 0.12)
+        return AttentionMasks(docs, w, w // 2, bs, "flex").attend(q, k, v, True, 0.12)
 
     for w in [1, 5, 14]:
         wt = torch.tensor(w, device=cuda, dtype=torch.int32)
@@ -160,36 +162,35 @@ def test_compiled_flex_equals_dense_with_grad_gpu(cuda, seed, sparse):
             assert (g.float() - r).norm() / r.norm() < 2e-2
 
 
-def test_flex_options_parse_and_validate():
-    from speedrun.config import RunConfig, apply_overrides, parse_flex_options, validate
-    from speedrun.errors import ConfigError
+def test_flex_tiles_divide_the_mask_blocks():
+    """Inductor refuses FlexAttention tiles that do not divide the block mask's blocks: every tile of
+    FLEX_OPTIONS divides MASK_BLOCK."""
+    from speedrun.kernels.flex_tiles import FLEX_OPTIONS
 
-    assert parse_flex_options("") == {}
-    assert parse_flex_options("fwd_BLOCK_M=128, bwd_num_warps=4,fwd_USE_TMA=true") == {
-        "fwd_BLOCK_M": 128, "bwd_num_warps": 4, "fwd_USE_TMA": True}
-    for bad in ("fwd_BLOCK_M", "fwd_BLOCK_M=big", "=3", "a b=1"):
-        cfg = apply_overrides(RunConfig(), [f"attention.flex_options={bad}"])
-        with pytest.raises(ConfigError, match="attention.flex_options"):
-            validate(cfg)
+    tiles = {k: v for k, v in FLEX_OPTIONS.items() if "_BLOCK_" in k}
+    assert len(tiles) == 6 and all(MASK_BLOCK % t == 0 for t in tiles.values()), tiles
 
 
 def test_flex_options_reach_the_kernel_call(monkeypatch):
-    """The model hands its parsed options to every FlexAttention call (and none when empty)."""
+    """The model hands FLEX_OPTIONS and its 64-token block masks to every FlexAttention call."""
     import speedrun.model.attention as attention_mod
     from speedrun.config import AttentionConfig, ModelConfig
+    from speedrun.kernels.flex_tiles import FLEX_OPTIONS
     from speedrun.model.gpt import GPT
 
     seen = []
-    monkeypatch.setattr(attention_mod, "flex_attention",
-                        lambda q, k, v, mask, scale, options=None: seen.append(options) or v)
+
+    def flex(q, k, v, block_mask, scale, kernel_options):
+        seen.append((block_mask.BLOCK_SIZE, kernel_options))
+        return v
+
+    monkeypatch.setattr(attention_mod, "_compiled_flex", lambda: flex)
     cfg = ModelConfig(num_layers=2, value_embeds=1, model_dim=32, num_heads=2, head_dim=16, mlp_hidden=64,
                       vocab_size=300, no_attn_layers=(), long_layers=(0,))
-    for text, want in (("fwd_BLOCK_M=64,bwd_num_stages=2", {"fwd_BLOCK_M": 64, "bwd_num_stages": 2}), ("", None)):
-        seen.clear()
-        model = GPT(cfg, AttentionConfig(flex_options=text))
-        model.attention_backend = "flex"
-        model(torch.randint(0, 300, (256,)), torch.randint(0, 300, (256,)), torch.tensor(2))
-        assert seen == [want, want]
+    model = GPT(cfg, AttentionConfig())
+    model.attention_backend = "flex"
+    model(torch.randint(0, 300, (256,)), torch.randint(0, 300, (256,)), torch.tensor(2))
+    assert seen == [((MASK_BLOCK, MASK_BLOCK), FLEX_OPTIONS)] * 2
 
 
 def test_fine_block_choices_keep_fitting_configs_or_clip(monkeypatch):
@@ -234,18 +235,6 @@ def _check_sparse_block_install(inductor_config, V, FineBlockChoices, use_sparse
         V.set_choices_handler(prior)
 
 
-def test_sparse_block_option_is_validated():
-    from speedrun.config import RunConfig, apply_overrides, validate
-    from speedrun.errors import ConfigError
-
-    validate(apply_overrides(RunConfig(), ["attention.sparse_block=64"]))
-    for bad in ("48", "8", "256"):
-        with pytest.raises(ConfigError, match="attention.sparse_block"):
-            validate(apply_overrides(RunConfig(), [f"attention.sparse_block={bad}"]))
-    with pytest.raises(ConfigError, match="attention.flex_options"):  # 64-wide tiles on 32-token blocks
-        validate(apply_overrides(RunConfig(), ["attention.sparse_block=32"]))
-
-
 def test_choices_are_installed_in_the_thread_that_runs_the_backward():
     """`use_sparse_block` reaches autograd's device thread through a backward; here the backward runs
     in a fresh thread (on the CPU the engine runs it in the caller's) whose choices must then change."""
@@ -273,8 +262,7 @@ def test_choices_are_installed_in_the_thread_that_runs_the_backward():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("sparse", [64, 128])
-def test_record_size_masks_compile_on_gpu(cuda, sparse):
+def test_record_size_masks_compile_on_gpu(cuda):
     """The masks of one micro-step at the record's size (49,152 tokens, FineWeb-like documents),
     built inside a compiled graph as the model builds them, equal the same code run eagerly. Inductor's
     GPU code for the mask build can fail where its CPU code and small sizes do not (a400599, 2026-12-01:
@@ -285,7 +273,7 @@ def test_record_size_masks_compile_on_gpu(cuda, sparse):
               "full_q_num_blocks", "full_q_indices")
 
     def build(tokens, long_blocks, short_blocks):
-        m = AttentionMasks(document_ids(tokens), long_blocks, short_blocks, 128, "flex", sparse_block=sparse)
+        m = AttentionMasks(document_ids(tokens), long_blocks, short_blocks, 128, "flex")
         return [getattr(bm, f) for bm in (m.long, m.short) for f in fields]
 
     compiled = torch.compile(build, fullgraph=True, dynamic=False)

@@ -11,8 +11,9 @@ import math
 import pytest
 import torch
 
-from speedrun.model.attention import block_structure, dense_mask, document_ids, flex_block_mask, flex_attention
-from speedrun.config import AttentionConfig, parse_flex_options
+from speedrun.model.attention import (
+    MASK_BLOCK, block_structure, dense_mask, document_ids, flex_block_mask, flex_attention,
+)
 from tests.test_attention import random_tokens
 
 
@@ -24,19 +25,18 @@ def _gluon():
     return A
 
 
-@pytest.mark.parametrize("which,stages,q_reg", [("fwd", 2, 0), ("fwd", 3, 0), ("fwd", 2, 1), ("fwd_overlap", 2, 0),
-                                               ("dq", 2, 0), ("dq", 2, 1), ("dkdv", 2, 0),
-                                               ("dkdv", 2, 1)])
-def test_compiles_for_hopper_without_spills(which, stages, q_reg):
-    """The forward at both ring depths, with Q in registers (Q_REG), its OVERLAP variant and the two backward
-    kernels (dQ with and without Q in registers, DQ_Q_REG; dK/dV plain and with lse, delta and ids through
-    shared memory, DKDV_SMEM) compile for sm_90 with no local memory; two stages leave room for two programs an SM (227 KB), and the products are wgmma, the loads
-    TMA, the exponentials ex2. Under the Triton installed here: the GPU machine's Triton 3.6 spills 48 bytes in dK/dV
-    (scripts/attn_gluon_ptx.py shows it; docs/performance.md)."""
+@pytest.mark.parametrize("which,stages,docs", [("fwd", 2, "i32"), ("fwd", 3, "i32"), ("dq", 2, "i32"),
+                                              ("dkdv", 2, "i32"), ("fwd", 2, "i64"), ("dq", 2, "i64"),
+                                              ("dkdv", 2, "i64")])
+def test_compiles_for_hopper_without_spills(which, stages, docs):
+    """The forward (at both ring depths) and the two backward kernels, with int32 document ids (the model's)
+    and int64 (where ids do not fit), compile for sm_90 with no local memory; two stages leave room for two
+    programs an SM (227 KB), and the products are wgmma, the loads TMA, the exponentials ex2. Under the
+    Triton installed here (scripts/attn_gluon_ptx.py shows the registers and any spill under another)."""
     A = _gluon()
     from speedrun.kernels.relu2_gluon import resource_usage
 
-    kernel = A.compile_offline(which, {"STAGES": stages, "Q_REG": q_reg, "DQ_Q_REG": q_reg, "DKDV_SMEM": q_reg})
+    kernel = A.compile_offline(which, {"STAGES": stages}, docs_dtype=docs)
     usage = resource_usage(kernel.asm["cubin"])
     assert usage.get("LOCAL", 0) == 0 and usage.get("STACK", 0) == 0, usage
     assert kernel.metadata.shared <= (113 if stages == 2 else 227) * 1024, kernel.metadata.shared
@@ -74,29 +74,28 @@ def _case(seed, t, device):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("seed,window,stages,overlap,q_reg", [
-    (0, 1, 2, 0, 0), (1, 5, 2, 0, 0), (2, 14, 2, 0, 0), (3, 7, 3, 0, 0), (4, 14, 3, 0, 0), (0, 1, 2, 1, 0),
-    (1, 5, 2, 1, 0), (2, 14, 3, 1, 0), (0, 1, 2, 0, 1), (2, 14, 2, 0, 1), (1, 5, 2, 1, 1)])
-def test_gpu_matches_dense_reference_and_flex(cuda, seed, window, stages, overlap, q_reg):
+@pytest.mark.parametrize("seed,window,stages,ids", [
+    (0, 1, 2, torch.int32), (1, 5, 2, torch.int32), (2, 14, 2, torch.int32), (3, 7, 3, torch.int32),
+    (4, 14, 3, torch.int32), (1, 5, 2, torch.int64)])
+def test_gpu_matches_dense_reference_and_flex(cuda, seed, window, stages, ids):
     """o and lse against the float32 dense reference (document-causal window mask) and FlexAttention's
-    forward on the same 64-token block mask: as close as FlexAttention itself is to the reference; the
-    OVERLAP and Q_REG forwards too."""
+    forward on the same 64-token block mask: as close as FlexAttention itself is to the reference; at both
+    ring depths, with int32 and int64 document ids."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the kernel is for Hopper (sm_90)")
     A = _gluon()
     t, scale = 4096, 0.12
     docs, q, k, v = _case(seed, t, cuda)
     w = torch.tensor(window, device=cuda, dtype=torch.int32)
-    mask = flex_block_mask(block_structure(docs, 128), w, 128, 64)
-    out, lse = A.forward(q, k, v, docs, mask, scale, {"STAGES": stages, "OVERLAP": overlap, "Q_REG": q_reg})
+    mask = flex_block_mask(block_structure(docs, 128), w, 128)
+    out, lse = A.forward(q, k, v, docs.to(ids), mask, scale, {"STAGES": stages})
     torch.cuda.synchronize()
     dense = dense_mask(docs, w, 128)
     qf, kf, vf = (x.float() for x in (q, k, v))
     logits = (qf @ kf.transpose(-1, -2) * scale).masked_fill(~dense, -math.inf)
     ref_lse = torch.logsumexp(logits, -1)
     ref = torch.softmax(logits, -1) @ vf
-    options = parse_flex_options(AttentionConfig().flex_options)  # 64-token tiles, as the model runs it
-    flex_out = flex_attention(q, k, v, mask, scale, options)
+    flex_out = flex_attention(q, k, v, mask, scale)  # FLEX_OPTIONS' 64-token tiles, as the model runs it
     rel = ((out.float() - ref).norm() / ref.norm()).item()
     flex_rel = ((flex_out.float() - ref).norm() / ref.norm()).item()
     assert rel < max(2 * flex_rel, 5e-3), (rel, flex_rel)
@@ -105,84 +104,36 @@ def test_gpu_matches_dense_reference_and_flex(cuda, seed, window, stages, overla
     assert out.shape == q.shape and out.transpose(1, 2).is_contiguous()
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("seed,window", [(0, 1), (2, 14)])
-def test_gpu_q_in_registers_changes_no_bit(cuda, seed, window):
-    """The Q_REG forward feeds QK^T's A operand from registers instead of shared memory: the same bfloat16
-    values into the same wgmma shapes, so o and lse must equal the plain forward's bit for bit (what lets
-    it be the default without a loss check of its own)."""
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the kernel is for Hopper (sm_90)")
-    A = _gluon()
-    docs, q, k, v = _case(seed, 4096, cuda)
-    mask = flex_block_mask(block_structure(docs, 128), torch.tensor(window, device=cuda, dtype=torch.int32), 128, 64)
-    plain = A.forward(q, k, v, docs, mask, 0.12, {"Q_REG": 0})
-    in_regs = A.forward(q, k, v, docs, mask, 0.12, {"Q_REG": 1})
-    assert torch.equal(plain[0], in_regs[0]) and torch.equal(plain[1], in_regs[1])
-
-
 def _backward_case(seed, window, cuda):
     """The module, and docs, q, k, v, the block lists and an output gradient at 4,096 tokens on the GPU."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the kernel is for Hopper (sm_90)")
     A = _gluon()
     docs, q, k, v = _case(seed, 4096, cuda)
-    mask = flex_block_mask(block_structure(docs, 128), torch.tensor(window, device=cuda, dtype=torch.int32), 128, 64)
+    mask = flex_block_mask(block_structure(docs, 128), torch.tensor(window, device=cuda, dtype=torch.int32), 128)
     do = torch.randn(q.shape, device=cuda, generator=torch.Generator(cuda).manual_seed(seed)).bfloat16()
     return A, docs, q, k, v, A.block_lists(mask), do
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("seed,window", [(0, 1), (2, 14)])
-def test_gpu_dq_q_in_registers_changes_no_bit(cuda, seed, window):
-    """DQ_Q_REG feeds the dQ kernel's QK^T from registers, as Q_REG does the forward's: dq, dk and dv must
-    equal the plain backward's bit for bit."""
-    A, docs, q, k, v, lists, do = _backward_case(seed, window, cuda)
-    o, lse = A.launch_forward(q, k, v, docs, lists, 0.12)
-    plain = A.launch_backward(do, q, k, v, o, lse, docs, lists, 0.12, {"DQ_Q_REG": 0})
-    in_regs = A.launch_backward(do, q, k, v, o, lse, docs, lists, 0.12, {"DQ_Q_REG": 1})
-    assert all(torch.equal(a, b) for a, b in zip(plain, in_regs))
-    assert plain[0].abs().max().item() > 0  # a gradient that is there to compare
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("seed,window,ids", [(0, 1, torch.int64), (2, 14, torch.int32), (1, 6, torch.int32)])
-def test_gpu_dkdv_through_shared_memory_changes_no_bit(cuda, seed, window, ids):
-    """DKDV_SMEM stages each query tile's lse, delta and document ids through shared memory and writes the
-    causal test relative to the tile: dq, dk and dv must equal the plain backward's bit for bit."""
-    A, docs, q, k, v, lists, do = _backward_case(seed, window, cuda)
-    docs = docs.to(ids)
-    o, lse = A.launch_forward(q, k, v, docs, lists, 0.12)
-    plain = A.launch_backward(do, q, k, v, o, lse, docs, lists, 0.12, {"DKDV_SMEM": 0})
-    staged = A.launch_backward(do, q, k, v, o, lse, docs, lists, 0.12, {"DKDV_SMEM": 1})
-    assert all(torch.equal(a, b) for a, b in zip(plain, staged))
-    assert plain[1].abs().max().item() > 0 and plain[2].abs().max().item() > 0
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("seed,window", [(0, 1), (2, 14)])
 def test_gpu_int32_ids_change_no_bit(cuda, seed, window):
-    """The document ids as int32 (`attention.gluon_docs_i32`) make the same comparisons as int64: the
-    forward's o and lse and the backward's dq, dk and dv equal bit for bit."""
+    """The document ids as int32 (the model's where they fit, `attention.narrow_ids`) make the same
+    comparisons as int64: the forward's o and lse and the backward's dq, dk and dv equal bit for bit."""
     A, docs, q, k, v, lists, do = _backward_case(seed, window, cuda)
     got = []
     for ids in (docs.long(), docs.int()):
-        o, lse = A.launch_forward(q, k, v, ids, lists, 0.12, {"Q_REG": 1})
-        got.append((o, lse, *A.launch_backward(do, q, k, v, o, lse, ids, lists, 0.12, {"DQ_Q_REG": 1})))
+        o, lse = A.launch_forward(q, k, v, ids, lists, 0.12)
+        got.append((o, lse, *A.launch_backward(do, q, k, v, o, lse, ids, lists, 0.12)))
     assert all(torch.equal(a, b) for a, b in zip(*got))
+    assert got[0][2].abs().max().item() > 0 and got[0][4].abs().max().item() > 0  # gradients there to compare
 
 
 def test_backend_is_checked_before_it_runs():
     from speedrun.model.attention import pick_backend
-    from speedrun.config import RunConfig, validate
-    from speedrun.errors import ConfigError
 
     with pytest.raises(ValueError, match="attention.backend=gluon: its kernels are for Hopper"):
         pick_backend("gluon", torch.device("cpu"))
-    cfg = RunConfig()
-    cfg.attention.backend, cfg.attention.sparse_block = "gluon", 0
-    with pytest.raises(ConfigError, match="attention.backend: gluon runs on 64-token blocks"):
-        validate(cfg)
 
 
 @pytest.mark.gpu
@@ -196,16 +147,15 @@ def test_gpu_gradients_match_dense_reference_and_flex(cuda, seed, window):
     from speedrun.model.attention import AttentionMasks
     from speedrun.kernels.flex_tiles import use_sparse_block
 
-    use_sparse_block(64, 128, cuda)  # FlexAttention's backward tiles on the 64-token mask, as the model has them
+    use_sparse_block(MASK_BLOCK, 128, cuda)  # FlexAttention's backward tiles on the 64-token mask, as the trainer
     t, scale = 4096, 0.12
     docs, q, k, v = _case(seed, t, cuda)
     qkv = [x.detach().requires_grad_() for x in (q, k, v)]
     w = torch.tensor(window, device=cuda, dtype=torch.int32)
     go = torch.randn(q.shape, device=cuda, generator=torch.Generator(cuda).manual_seed(seed)).bfloat16()
-    options = parse_flex_options(AttentionConfig().flex_options)
     got = {}
     for backend in ("gluon", "flex"):
-        out = AttentionMasks(docs, w, w // 2, 128, backend, options, 64).attend(*qkv, True, scale)
+        out = AttentionMasks(docs, w, w // 2, 128, backend).attend(*qkv, True, scale)
         got[backend] = torch.autograd.grad(out, qkv, go)
     ref_in = [x.detach().float().requires_grad_() for x in qkv]
     ref = AttentionMasks(docs, w, w // 2, 128, "dense").attend(*ref_in, True, scale)
@@ -231,7 +181,7 @@ def test_gpu_compiled_model_step_matches_flex(cuda):
     # build_model installs FlexAttention's 64-token backward tiles only when it picks flex; on Hopper it
     # picks gluon, so the flex arm below needs them installed here. Without this line the test passed only
     # after another test had installed them (found in 38a67e2, 2026-12-04: run alone, no backward tile fitted).
-    use_sparse_block(cfg.attention.sparse_block, cfg.attention.block_size, cuda)
+    use_sparse_block(MASK_BLOCK, cfg.attention.block_size, cuda)
     gen = torch.Generator().manual_seed(0)
     tokens = random_tokens(8192, 0.003, gen).to(cuda)
     targets = torch.roll(tokens, -1)
@@ -281,7 +231,7 @@ def test_block_lists_encode_the_dense_mask(seed, window):
     t = 1024
     docs, q, k, v = _case(seed, t, "cpu")
     w = torch.tensor(window, dtype=torch.int32)
-    lists = A.block_lists(flex_block_mask(block_structure(docs, 128), w, 128, 64))
+    lists = A.block_lists(flex_block_mask(block_structure(docs, 128), w, 128))
     assert torch.equal(A.lists_mask(docs, lists), dense_mask(docs, w, 128))
     out, lse = A.reference(q.float(), k.float(), v.float(), docs, lists, 0.12)
     ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(),
@@ -300,12 +250,12 @@ def test_op_autograd_and_fake_on_the_cpu(monkeypatch):
     seen = []
 
     def fwd(q, k, v, docs, lists, scale, cfg=None):
-        seen.append(cfg)
+        seen.append(("forward", cfg))
         o, lse = A.reference(q, k, v, docs, lists, scale)
         return o.transpose(1, 2).contiguous().transpose(1, 2), lse
 
     def bwd(do, q, k, v, o, lse, docs, lists, scale, cfg=None):
-        seen.append(cfg)
+        seen.append(("backward", cfg))
         grads = A.reference_backward(do, q, k, v, docs, lists, scale)
         return tuple(g.transpose(1, 2).contiguous().transpose(1, 2) for g in grads)
 
@@ -317,31 +267,25 @@ def test_op_autograd_and_fake_on_the_cpu(monkeypatch):
     w = torch.tensor(3, dtype=torch.int32)
     go = torch.randn(q.shape, generator=torch.Generator().manual_seed(0))
 
-    def run(backend, compiled, overlap=False, q_regs=False, dq_q_regs=False, dkdv_smem=False):
+    def run(backend, compiled):
         qkv = [x.clone().requires_grad_() for x in (q, k, v)]
 
         def attend(a, b, c):
-            masks = AttentionMasks(docs, w, w // 2, 128, backend, None, 64, gluon_overlap=overlap,
-                                   gluon_q_regs=q_regs, gluon_dq_q_regs=dq_q_regs, gluon_dkdv_smem=dkdv_smem)
-            return masks.attend(a, b, c, True, 0.12)
+            return AttentionMasks(docs, w, w // 2, 128, backend).attend(a, b, c, True, 0.12)
 
         fn = torch.compile(attend, backend="aot_eager", fullgraph=True) if compiled else attend
         out = fn(*qkv)
         return out, torch.autograd.grad(out, qkv, go)
 
     ref_out, ref_grads = run("dense", False)
-    for compiled, overlap, q_regs, dq_q_regs, smem in ((False, False, False, False, False),
-                                                       (True, False, False, False, True),
-                                                       (False, True, False, True, False),
-                                                       (True, False, True, True, True)):
+    for compiled in (False, True):
         seen.clear()
-        out, grads = run("gluon", compiled, overlap, q_regs, dq_q_regs, smem)
+        out, grads = run("gluon", compiled)
         assert torch.allclose(out, ref_out, atol=1e-5)
         for g, r in zip(grads, ref_grads):
             assert torch.allclose(g, r, atol=1e-4)
-        # the options reach the launchers: the forward's, then the backward's
-        assert seen == [{"OVERLAP": int(overlap), "Q_REG": int(q_regs)},
-                        {"DQ_Q_REG": int(dq_q_regs), "DKDV_SMEM": int(smem)}]
+        # one forward, then one backward, each with the launchers' defaults (CONFIG)
+        assert seen == [("forward", None), ("backward", None)]
 
 
 def test_narrow_ids_only_where_the_largest_id_fits():
@@ -364,11 +308,10 @@ def test_kernels_are_where_the_portable_cache_looks():
     assert all(any(k is f for f in found) for k in built.values())
 
 
-def test_model_hands_the_configs_kernel_variants_to_the_launchers(monkeypatch):
-    """The model reads `attention.gluon_overlap` / `gluon_q_regs` / `gluon_dq_q_regs` / `gluon_dkdv_smem` /
-    `gluon_docs_i32` from its config for every Gluon call, forward and backward: the defaults (Q_REG on since
-    38a67e2, DQ_Q_REG and int32 ids since 0d63ee6, DKDV_SMEM since 866abcc, all 2026-12-04)
-    and configs that turn them around."""
+def test_model_hands_int32_ids_to_the_launchers(monkeypatch):
+    """The model runs the Gluon kernels at their defaults (CONFIG) with the document ids as int32 wherever
+    `narrow_ids` allows (here always: 256 tokens), with or without fixed-length segments, forward and
+    backward."""
     from speedrun.kernels import attn_gluon as A
     from speedrun.config import AttentionConfig, ModelConfig
     from speedrun.model.gpt import GPT
@@ -376,12 +319,12 @@ def test_model_hands_the_configs_kernel_variants_to_the_launchers(monkeypatch):
     seen = []
 
     def fwd(q, k, v, docs, lists, scale, cfg=None):
-        seen.append({**cfg, "docs": docs.dtype})
+        seen.append((cfg, docs.dtype))
         o, lse = A.reference(q, k, v, docs, lists, scale)
         return o.transpose(1, 2).contiguous().transpose(1, 2), lse
 
     def bwd(do, q, k, v, o, lse, docs, lists, scale, cfg=None):
-        seen.append({**cfg, "docs": docs.dtype})
+        seen.append((cfg, docs.dtype))
         grads = A.reference_backward(do, q, k, v, docs, lists, scale)
         return tuple(g.transpose(1, 2).contiguous().transpose(1, 2) for g in grads)
 
@@ -390,18 +333,9 @@ def test_model_hands_the_configs_kernel_variants_to_the_launchers(monkeypatch):
     cfg = ModelConfig(num_layers=2, value_embeds=1, model_dim=32, num_heads=2, head_dim=16, mlp_hidden=64,
                       vocab_size=300, no_attn_layers=(), long_layers=(0,))
     tokens = torch.randint(0, 300, (256,), generator=torch.Generator().manual_seed(0))
-    i64, i32 = torch.int64, torch.int32
-    for attn, want, want_bwd in (
-            (AttentionConfig(), {"OVERLAP": 0, "Q_REG": 1, "docs": i32}, {"DQ_Q_REG": 1, "DKDV_SMEM": 1, "docs": i32}),
-            (AttentionConfig(gluon_overlap=True, gluon_q_regs=False, gluon_dq_q_regs=False, gluon_dkdv_smem=False,
-                             gluon_docs_i32=False),
-             {"OVERLAP": 1, "Q_REG": 0, "docs": i64}, {"DQ_Q_REG": 0, "DKDV_SMEM": 0, "docs": i64}),
-            (AttentionConfig(gluon_dq_q_regs=False),
-             {"OVERLAP": 0, "Q_REG": 1, "docs": i32}, {"DQ_Q_REG": 0, "DKDV_SMEM": 1, "docs": i32}),
-            (AttentionConfig(segment_len=64), {"OVERLAP": 0, "Q_REG": 1, "docs": i32},
-             {"DQ_Q_REG": 1, "DKDV_SMEM": 1, "docs": i32})):
+    for attn in (AttentionConfig(), AttentionConfig(segment_len=64)):
         seen.clear()
         model = GPT(cfg, attn)
         model.attention_backend = "gluon"
         model(tokens, torch.roll(tokens, -1), torch.tensor(2)).backward()
-        assert seen == [want, want, want_bwd, want_bwd]
+        assert seen == [(None, torch.int32)] * 4

@@ -48,10 +48,10 @@ def test_compares_a_dump_with_a_reference(tmp_path, monkeypatch):
     from speedrun.kernels import attn_gluon as A
     if not A.available():
         pytest.skip("Triton's Gluon (Hopper) does not import here")
-    monkeypatch.setattr(mod, "VARIANTS", [("dq", 2, 0)])
+    monkeypatch.setattr(mod, "VARIANTS", [("dq", 2)])
     assert mod.main(["x", str(tmp_path / "a")]) == 0
     files = sorted(p.name for p in (tmp_path / "a").glob("*.ptx"))
-    assert files == ["dq-s2-q0-i32.ptx", "dq-s2-q0-i64.ptx"]
+    assert files == ["dq-s2-i32.ptx", "dq-s2-i64.ptx"]
     text = (tmp_path / "a" / files[0]).read_text()
     assert "wgmma.mma_async" in text and "$L__tmp" not in text
     assert mod.main(["x", str(tmp_path / "b"), str(tmp_path / "a")]) == 0  # the same source: the same PTX

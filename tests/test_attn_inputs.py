@@ -46,9 +46,8 @@ import torch
 import torch.nn.functional as F
 
 from interpreter_helpers import run_interpreted
-from model_helpers import assert_field_validated
 from speedrun.kernels import attn_inputs as ai
-from speedrun.config import ModelConfig
+from speedrun.config import MASK_BLOCK, ModelConfig
 from speedrun.model.gpt import Attention, Rotary
 
 LAMBDAS = (0.625, -0.4375)  # neither 0 nor 1: a dropped, swapped or doubled λ term shows
@@ -80,10 +79,10 @@ def test_rms_norm_eps_is_float32_eps():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_torch_impl_is_attention_project(dtype, with_ve):
     """impl="torch": q, k, v and the gradients wrt x, the qkvo weight, ve and λ bit-identical to
-    `Attention.project` (QK norm, rotary, value embeddings on; qk_kernel=torch), with and without ve."""
-    cfg = ModelConfig(model_dim=64, num_heads=2, head_dim=32, value_embeds=1, qk_kernel="torch")
+    `Attention.project` (QK norm, rotary, value embeddings on; the reference), with and without ve."""
+    cfg = ModelConfig(model_dim=64, num_heads=2, head_dim=32, value_embeds=1)
     torch.manual_seed(0)
-    att = Attention(cfg)
+    att = Attention(cfg, "torch")
     with torch.no_grad():
         att.qkvo_w.normal_(0, 0.3)
     B, T, H, D = 2, 21, 2, 32
@@ -127,12 +126,6 @@ def test_float64_reference_is_the_math_without_rounding():
     got = ai.reference_float64(qkv, ve, lam, cos, sin, H)
     assert any(not torch.equal(a.double(), b) for a, b in zip(ref32, got))
     assert all(torch.allclose(a.double(), b, rtol=1e-5, atol=1e-6) for a, b in zip(ref32, got))
-
-
-def test_config_field_validated():
-    """model.qk_kernel: the default picks the kernel where it can run; a bad value is a one-line error."""
-    assert ModelConfig().qk_kernel == "auto"
-    assert_field_validated("model.qk_kernel", "triton", "fast")
 
 
 def test_impl_choice():
@@ -306,21 +299,21 @@ _INTERPRETED = textwrap.dedent(r'''
                              ve_lam_grad_zero=bool((d_ve == 0).all() and (d_lam == 0).all()),
                              q_grad_err=(d_qkv - g_ref).abs().max().item(), q_grad_max=g_ref.abs().max().item())
 
-    # the model reaches the kernel: Attention.project with qk_kernel=triton, against qk_kernel=torch
+    # the model reaches the kernel: Attention.project with impl triton, against the reference
     from speedrun.config import ModelConfig
     from speedrun.model.gpt import Attention
     launches = []
     launch_forward = ai.launch_forward
     ai.launch_forward = lambda *a: launches.append(1) or launch_forward(*a)
-    cfg = ModelConfig(model_dim=64, num_heads=2, head_dim=32, value_embeds=1, qk_kernel="triton")
+    cfg = ModelConfig(model_dim=64, num_heads=2, head_dim=32, value_embeds=1)
     torch.manual_seed(0)
-    att = Attention(cfg)
+    att = Attention(cfg, "triton")
     with torch.no_grad():
         att.qkvo_w.normal_(0, 0.3)
     x = torch.randn(1, T, 64)
     model = {}
     for kernel in ("triton", "torch"):
-        cfg.qk_kernel = kernel
+        att.impl = kernel
         model[kernel] = [t for e in (ve, None) for t in att.project(x, e, lam, (cos, sin))]
     ai.launch_forward = launch_forward
     rel = lambda a, b: ((a - b).abs().max() / b.abs().max()).item()
@@ -421,8 +414,8 @@ def test_interpreted_backward_matches_float64_autograd(interpreted):
 
 
 def test_interpreted_model_reaches_the_kernel(interpreted):
-    """Attention.project with qk_kernel=triton launches the kernel (with ve and without) and agrees
-    with qk_kernel=torch (float32)."""
+    """Attention.project with impl triton launches the kernel (with ve and without) and agrees
+    with the reference (float32)."""
     m = interpreted["model"]
     assert m["launches"] == 2 and m["rel"] < 1e-5, m
 
@@ -493,7 +486,7 @@ def test_gpu_kernel_matches_reference_at_record_shape(cuda):
 
 @pytest.mark.gpu
 def test_gpu_model_loss_and_grads_same_with_either_kernel(cuda):
-    """The compiled model (bf16, like training) with qk_kernel=triton against qk_kernel=torch."""
+    """The compiled model (bf16, like training) with the kernel against the reference."""
     from speedrun.config import AttentionConfig
     from speedrun.model.gpt import GPT
 
@@ -502,7 +495,7 @@ def test_gpu_model_loss_and_grads_same_with_either_kernel(cuda):
     cfg = ModelConfig(num_layers=2, value_embeds=1, model_dim=768, num_heads=6, head_dim=128, mlp_hidden=512,
                       vocab_size=1000, no_attn_layers=(), long_layers=(0,), fp8_head=False)
     attn_cfg = AttentionConfig()
-    use_sparse_block(attn_cfg.sparse_block, attn_cfg.block_size, cuda)  # the trainer's set-up for 64-token masks
+    use_sparse_block(MASK_BLOCK, attn_cfg.block_size, cuda)  # the trainer's set-up for 64-token masks
     torch.manual_seed(0)
     model = GPT(cfg, attn_cfg).to(cuda)
     model.attention_backend = "flex"
@@ -519,7 +512,9 @@ def test_gpu_model_loss_and_grads_same_with_either_kernel(cuda):
     params = [b.attn.qkvo_w for b in model.blocks] + [model.value_embeds[0].weight]
     results = {}
     for kernel in ("torch", "triton"):
-        model.cfg.qk_kernel = kernel
+        for m in model.modules():  # the attention inputs only; the rest stays on the reference
+            if isinstance(m, Attention):
+                m.impl = kernel
         torch._dynamo.reset()
         loss = torch.compile(model, fullgraph=True)(tok, torch.roll(tok, -1), torch.tensor(4, device=cuda), torch.bfloat16)
         results[kernel] = (loss.float(), torch.autograd.grad(loss, params))
@@ -543,11 +538,14 @@ def test_gpu_compiled_model_keeps_custom_op_outputs_aligned(cuda):
 
     # two layers: the λ section starts at float 6, so the plain slice for layer 0 sat at byte 24
     cfg = ModelConfig(num_layers=2, value_embeds=1, model_dim=768, num_heads=6, head_dim=128, mlp_hidden=512,
-                      vocab_size=1000, no_attn_layers=(), long_layers=(0,), fp8_head=False, qk_kernel="triton")
+                      vocab_size=1000, no_attn_layers=(), long_layers=(0,), fp8_head=False)
     attn_cfg = AttentionConfig()
-    use_sparse_block(attn_cfg.sparse_block, attn_cfg.block_size, cuda)
+    use_sparse_block(MASK_BLOCK, attn_cfg.block_size, cuda)
     torch.manual_seed(0)
     model = GPT(cfg, attn_cfg).to(cuda)
+    for m in model.modules():
+        if isinstance(m, Attention):
+            m.impl = "triton"
     model.attention_backend = "flex"
     model.rotary.build_table(2048)
     tok = torch.randint(0, 1000, (2048,), device=cuda)
@@ -572,9 +570,12 @@ from speedrun.model.gpt import GPT
 if sys.argv[1] == "plain":  # the λ pairs as plain slices of the scalars, as before ae2e367 (2026-12-02)
     model_mod.aligned_pairs = lambda v: v.view(-1, 2)
 cfg = ModelConfig(num_layers=2, value_embeds=1, model_dim=64, num_heads=2, head_dim=32, mlp_hidden=128,
-                  vocab_size=1000, no_attn_layers=(), long_layers=(0,), fp8_head=False, qk_kernel="triton")
+                  vocab_size=1000, no_attn_layers=(), long_layers=(0,), fp8_head=False)
 torch.manual_seed(0)
 model = GPT(cfg, AttentionConfig())
+for m in model.modules():
+    if isinstance(m, model_mod.Attention):
+        m.impl = "triton"
 model.rotary.build_table(256)
 tok = torch.randint(0, 1000, (256,))
 compiled = torch.compile(model, fullgraph=True)

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from interpreter_helpers import run_interpreted
-from model_helpers import assert_field_validated
 from speedrun.kernels import block_order
 
 _INTERPRETED = textwrap.dedent(r'''
@@ -31,12 +30,12 @@ _INTERPRETED = textwrap.dedent(r'''
                     out["cases"].append(dict(shape=[r, n], density=density, view=view, high=high,
                                              equal=all(torch.equal(a, b) for a, b in zip(got, ref)),
                                              dtypes=[str(t.dtype) for t in got], contiguous=got[1].is_contiguous()))
-    tok = torch.randint(0, 1000, (16 * 24,), generator=g)
-    tok[torch.rand(tok.shape, generator=g) < 0.05] = 50256
-    s = block_structure(document_ids(tok), 16)
+    tok = torch.randint(0, 1000, (128 * 12,), generator=g)
+    tok[torch.rand(tok.shape, generator=g) < 0.01] = 50256
+    s = block_structure(document_ids(tok), 128)
     for w in (1, 3, 40):
         wt = torch.tensor(w, dtype=torch.int32)
-        a, b = flex_block_mask(s, wt, 16, 8, "triton"), flex_block_mask(s, wt, 16, 8, "torch")
+        a, b = flex_block_mask(s, wt, 128, "triton"), flex_block_mask(s, wt, 128, "torch")
         names = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices", "q_num_blocks", "q_indices",
                  "full_q_num_blocks", "full_q_indices")
         out["masks"].append({n: bool(torch.equal(getattr(a, n), getattr(b, n))) for n in names})
@@ -82,7 +81,6 @@ def test_reference_order_and_checks():
         block_order.order(m.int(), True)
     with pytest.raises(ValueError, match="2-D"):
         block_order.order(m[0], True)
-    assert_field_validated("attention.order_kernel", "triton", "sort")
 
 
 @pytest.mark.gpu

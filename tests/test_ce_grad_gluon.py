@@ -66,7 +66,7 @@ def _lean_and_both(z, t, rowsums=None):
     from speedrun.kernels import softcap_ce as sc
     from speedrun.kernels import transpose
 
-    l0, g0 = sc.launch(z, t, 30.0, "sigmoid", True, torch.float8_e5m2, 448.0, "lean", rowsums)
+    l0, g0 = sc.launch(z, t, 30.0, "sigmoid", True, torch.float8_e5m2, 448.0, rowsums)
     g0t = transpose.transpose_copy(g0)
     l1, g1, g1t = sc.launch_transposed(z, t, 30.0, torch.float8_e5m2, 448.0, rowsums)
     u = lambda x: x.view(torch.uint8)  # noqa: E731

@@ -49,10 +49,10 @@ def _bench(path, ms, energy=None, clock=1640.0, overrides=(), reserved=None):
 
 def test_command_on_bench_files(tmp_path, capsys):
     a = [_bench(tmp_path / f"a{i}.json", ms, 410.0 + i) for i, ms in enumerate(A)]
-    b = [_bench(tmp_path / f"b{i}.json", ms, 412.0 + i, 1620.0, ["model.ce_math=tanh_approx"]) for i, ms in enumerate(B)]
+    b = [_bench(tmp_path / f"b{i}.json", ms, 412.0 + i, 1620.0, ["model.ce_kernel=torch"]) for i, ms in enumerate(B)]
     assert main(["compare", *a, "--vs", *b]) == 0
     out = capsys.readouterr().out
-    assert "A: 4 x proxy212, overrides (none)" in out and "B: 4 x proxy212, overrides model.ce_math=tanh_approx" in out
+    assert "A: 4 x proxy212, overrides (none)" in out and "B: 4 x proxy212, overrides model.ce_kernel=torch" in out
     ms_row = next(line for line in out.splitlines() if line.startswith("| ms/step"))
     p = stats.ttest_ind(B, A, equal_var=False).pvalue
     assert "| +2.99 |" in ms_row and f"| {p:.3g} |" in ms_row and "+0.50%" in ms_row
@@ -102,10 +102,10 @@ def test_runs_name_the_config_fields_their_arms_differ_in(tmp_path, capsys):
     from speedrun.recipes.presets import proxy212
 
     runs = {}
-    for name, ms, graphs, seed in (("a0", 588.4, False, 0), ("a1", 589.0, False, 1), ("b0", 587.2, True, 0),
-                                   ("b1", 589.9, True, 0)):
+    for name, ms, bos, seed in (("a0", 588.4, False, 0), ("a1", 589.0, False, 1), ("b0", 587.2, True, 0),
+                                ("b1", 589.9, True, 0)):
         cfg = proxy212()
-        cfg.train.cudagraphs, cfg.train.seed = graphs, seed
+        cfg.train.bos_align, cfg.train.seed = bos, seed
         (tmp_path / name).mkdir()
         (tmp_path / name / "config.json").write_text(json.dumps(cfg.to_dict()))
         (tmp_path / name / "summary.json").write_text(json.dumps(
@@ -113,10 +113,10 @@ def test_runs_name_the_config_fields_their_arms_differ_in(tmp_path, capsys):
         runs[name] = str(tmp_path / name)
     assert main(["compare", runs["a0"], runs["a1"], "--vs", runs["b0"], runs["b1"], "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
-    assert r["config_differences"] == ["train.cudagraphs: A false, B true", "train.seed: A 0 | 1, B 0"]
+    assert r["config_differences"] == ["train.bos_align: A false, B true", "train.seed: A 0 | 1, B 0"]
     assert all("config" not in m for m in r["a"] + r["b"])
     assert main(["compare", runs["a0"], "--vs", runs["b0"]]) == 0
-    assert "config differs: train.cudagraphs: A false, B true\n" in capsys.readouterr().out
+    assert "config differs: train.bos_align: A false, B true\n" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("case, message", [

@@ -1,18 +1,16 @@
-"""model.embed_kernel=rows: the embedding tables' gradients added into the in-place sums row by row.
+"""The embedding tables' gradients added into the in-place sums row by row (embed_rows).
 
 * The op (`speedrun::add_rows_`): the reference adds exactly the touched rows, as the dense path's
   rounding and add would, leaves the others alone and zeroes the scratch rows it read; the Triton
   kernels equal the reference bit for bit (Triton's interpreter in a subprocess, and on a GPU).
 * The path: a compiled step with two tables gives the dense in-place path's gradients bit for bit
-  over two steps (the scratch must come back to zero), so does the eager lookup on two threads, and
-  the tiny run trains exactly as autograd.
-* The wiring: which tables a GPT looks up only, `resolve` (rows is the default wherever the in-place sums
-  run, the dense tables elsewhere), the refusals.
+  over two steps (the scratch must come back to zero), and so does the eager lookup on two threads (the
+  trainer's whole step against autograd, rows included: test_grad_accum.py).
+* The wiring: which tables a GPT looks up only, the refusals.
 """
 
 from __future__ import annotations
 
-import json
 import textwrap
 
 import pytest
@@ -21,14 +19,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from interpreter_helpers import run_interpreted
-from reliability_helpers import curves, train
 from speedrun.kernels import embed_rows
 from speedrun.kernels import embeddings
 from speedrun.train import grad_accum
-from speedrun.config import validate
-from speedrun.errors import ConfigError
 from speedrun.recipes.presets import record
-from speedrun.compile.regional import compile_step_model
+from speedrun.train.grad_accum import compile_step_model
 
 
 def _case(V=300, D=40, N=500, dtype=torch.bfloat16, seed=0):
@@ -104,9 +99,8 @@ class TwoTables(nn.Module):
     """Two bfloat16 tables looked up with the same tokens (as GPT's embedding and value embedding), a
     float32 weight, and an untied head: `lookup_table_names` as GPT's."""
 
-    def __init__(self, kernel: str):
+    def __init__(self):
         super().__init__()
-        self.kernel = kernel
         self.embed = nn.Embedding(97, 32).to(torch.bfloat16)
         self.value = nn.Embedding(97, 32).to(torch.bfloat16)
         self.up = nn.Parameter(torch.randn(32, 32) / 6)
@@ -116,7 +110,7 @@ class TwoTables(nn.Module):
         return ["embed.weight", "value.weight"]
 
     def forward(self, tokens, targets, long_blocks, dtype=torch.bfloat16, table_sums=None):
-        x, v = embeddings.lookups(tokens, [self.embed.weight, self.value.weight], self.kernel, table_sums)
+        x, v = embeddings.lookups(tokens, [self.embed.weight, self.value.weight], table_sums)
         h = F.linear(x * v.sigmoid(), self.up.to(dtype)).relu().square().float()
         return F.cross_entropy(F.linear(h, self.head), targets)
 
@@ -127,7 +121,7 @@ def _steps(model, step_model, bufs, batches, steps=2):
         bufs.start()
         for tokens, targets in batches:
             scratch = bufs.scratch if any(r is not None for r in bufs.scratch) else None
-            loss = step_model(tokens, targets, 0, torch.bfloat16, bufs.begin(), None, scratch)
+            loss = step_model(tokens, targets, 0, torch.bfloat16, bufs.buffers, None, scratch)
             (loss / len(batches)).backward()
         bufs.finish()
         grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
@@ -137,32 +131,34 @@ def _steps(model, step_model, bufs, batches, steps=2):
     return grads
 
 
-@pytest.mark.parametrize("compiled", [False, True])
-def test_rows_give_the_dense_in_place_sums_bit_for_bit(compiled):
-    """Two steps of three micro-steps: compiled (Inductor's fused atomics into the scratch table, as on
-    the GPU), the same gradients as the dense in-place path bit for bit; eager, within bfloat16's
-    rounding. The scratch tables zero after each step, the tables' `.grad` the buffers."""
+@pytest.mark.parametrize("compiled,device", [(False, "cpu"), (True, "cpu"),
+                                             pytest.param(True, "cuda", marks=pytest.mark.gpu)])
+def test_rows_give_the_dense_in_place_sums_bit_for_bit(compiled, device):
+    """Two steps of three micro-steps: compiled on the CPU (Inductor's fused atomics into the scratch
+    table, as on the GPU), the same gradients as the dense in-place path bit for bit; eager, and on the
+    GPU (float32 atomics in either order), within bfloat16's rounding. The scratch tables zero after
+    each step, the tables' `.grad` the buffers."""
     gen = torch.Generator().manual_seed(1)
-    batches = [(torch.randint(0, 40, (64,), generator=gen), torch.randint(0, 97, (64,), generator=gen))
-               for _ in range(3)]
+    batches = [(torch.randint(0, 40, (64,), generator=gen).to(device),
+                torch.randint(0, 97, (64,), generator=gen).to(device)) for _ in range(3)]
     got = {}
-    for kernel in ("torch", "rows"):
+    for path in ("dense", "rows"):
         torch.manual_seed(0)
-        model = TwoTables(kernel)
-        rows = model.lookup_table_names() if kernel == "rows" else ()
-        bufs = grad_accum.GradBuffers(model, False, (), rows)
-        got[kernel] = _steps(model, compile_step_model(model, "on", compiled, summed="inplace"), bufs, batches)
-        if kernel == "rows":
+        model = TwoTables().to(device)
+        rows = model.lookup_table_names() if path == "rows" else ()
+        bufs = grad_accum.GradBuffers(model, rows=rows)
+        got[path] = _steps(model, compile_step_model(model, compiled), bufs, batches)
+        if path == "rows":
             names = [n for n, _ in grad_accum.trained_parameters(model)]
             assert [n for n, r in zip(names, bufs.scratch) if r is not None] == ["embed.weight", "value.weight"]
             assert not any(r.any() for r in bufs.scratch if r is not None)
             assert model.embed.weight.grad is bufs.buffers[names.index("embed.weight")]
-    for want, have in zip(got["torch"], got["rows"]):
+    for want, have in zip(got["dense"], got["rows"]):
         for name in want:
             assert have[name].dtype == want[name].dtype, name
-            if compiled:
+            if compiled and device == "cpu":
                 assert torch.equal(have[name], want[name]), name
-            else:  # the CPU's eager dense backward sums in bfloat16 (CUDA's and Inductor's in float32)
+            else:  # the CPU's eager dense backward sums in bfloat16, the GPU's atomics in any order
                 scale = want[name].float().abs().max()
                 assert (have[name].float() - want[name].float()).abs().max() <= 2**-6 * scale, name
     assert got["rows"][0]["embed.weight"].abs().sum() > 0
@@ -203,42 +199,10 @@ def test_gpt_names_the_tables_it_only_looks_up():
     assert GPT(cfg.model, cfg.attention).lookup_table_names()[:2] == [None, "value_embeds.0.weight"]
 
 
-def test_tiny_run_trains_as_autograd(tmp_path):
-    """The tiny model with a value embedding, eager on the CPU: every loss as autograd's with the rows
-    (the default: in-place sums), and with the dense tables where grad_accum is set to autograd."""
-    ve = ("--set", "model.value_embeds=1")
-    assert train(tmp_path / "autograd", *ve, "--set", "train.grad_accum=autograd", steps=4) == 0
-    assert train(tmp_path / "rows", *ve, steps=4) == 0
-    assert curves(tmp_path / "autograd") == curves(tmp_path / "rows")
-    run = json.loads((tmp_path / "rows" / "env.json").read_text())["run"]
-    assert run["grad_accum"] == "inplace" and run["embed_rows"] is True
-    run = json.loads((tmp_path / "autograd" / "env.json").read_text())["run"]
-    assert run["grad_accum"] == "autograd" and run["embed_rows"] is False
-
-
-def test_config_and_resolve():
-    """rows is the default and takes the in-place sums wherever they run; elsewhere (regional compile, a
-    grad_accum set to graph or autograd) the tables' dense gradients, so no setting is refused."""
-    assert record().model.embed_kernel == "rows"
-    assert grad_accum.resolve("auto", "auto", False, False, 1, rows=True) == "inplace"  # eager, one micro-step
-    assert grad_accum.resolve("auto", "on", True, False, 8, rows=True) == "inplace"
-    assert grad_accum.resolve("auto", "regional", True, False, 8, rows=True) == "autograd"
-    assert grad_accum.resolve("graph", "on", True, False, 8, rows=True) == "graph"
-    for field, value in (("grad_accum", "graph"), ("grad_accum", "autograd"), ("compile", "regional")):
-        cfg = record()
-        setattr(cfg.train, field, value)
-        validate(cfg, 1)
-    bad = record()
-    bad.model.embed_kernel = "sparse"
-    with pytest.raises(ConfigError, match="model.embed_kernel"):
-        validate(bad, 1)
-    model = TwoTables("rows")
+def test_buffers_refuse_a_table_they_do_not_hold():
+    model = TwoTables()
     with pytest.raises(ValueError, match="GradBuffers: no trained parameter named 'nope'"):
-        grad_accum.GradBuffers(model, False, (), ["nope"])
-    with pytest.raises(ValueError, match="scratch tables need the in-place sums"):
-        bufs = grad_accum.GradBuffers(model, False, (), model.lookup_table_names())
-        grad_accum.SummedModel(model)(torch.zeros(4, dtype=torch.long), torch.zeros(4, dtype=torch.long), 0,
-                                      torch.bfloat16, bufs.begin(), None, bufs.scratch)
+        grad_accum.GradBuffers(model, rows=["nope"])
 
 
 @pytest.mark.gpu
@@ -253,19 +217,3 @@ def test_gpu_kernel_is_the_reference_bit_for_bit():
     embed_rows.reference(tokens, s2, t2)
     assert torch.equal(total.view(torch.int16), t2.view(torch.int16)) and torch.equal(scratch, s2)  # no NaN
     assert not scratch.any()
-
-
-@pytest.mark.gpu
-def test_gpu_tiny_run_trains_like_the_dense_path(tmp_path):
-    """Compiled on the GPU in bfloat16 (the tables too): rows against the dense in-place path, the same
-    losses within the compiled step's run-to-run spread (float32 atomics in either order)."""
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
-    from reliability_helpers import assert_curves_close
-
-    gpu = ["--set", "train.compile=on", "--set", "train.precompile=false", "--set", "train.warmup_steps=2",
-           "--set", "train.dtype=bfloat16", "--set", "model.value_embeds=1", "--set", "train.grad_accum=inplace"]
-    assert train(tmp_path / "dense", *gpu, "--set", "model.embed_kernel=torch", steps=6) == 0
-    assert train(tmp_path / "rows", *gpu, steps=6) == 0
-    assert_curves_close(tmp_path / "dense", tmp_path / "rows")
-    assert json.loads((tmp_path / "rows" / "env.json").read_text())["run"]["embed_rows"] is True

@@ -1,25 +1,25 @@
-"""train.grad_accum=graph: the micro-steps' gradients added up inside the compiled backward. It must give
-autograd's sums bit for bit (compiled on the CPU, with a bfloat16 table whose rounding Inductor would
-otherwise skip), keep a sum a micro-step did not touch, and train the tiny model exactly as autograd
-does. On a GPU the compiled run must train like the autograd one."""
+"""The micro-steps' gradients added in place into buffers kept for the run (grad_accum.py), the training
+path. It must give autograd's own accumulation bit for bit: compiled on the CPU (with a bfloat16 table
+whose rounding Inductor would otherwise skip) and eager, with a parameter only one micro-step uses, one
+no micro-step uses, and the casts made once a step; and the trainer's step must give autograd's on the
+tiny model. On a GPU the compiled step, FP8 head operands made once a step included, must stay within
+the compiled step's run-to-run spread of autograd's."""
 
 from __future__ import annotations
 
-import json
+import copy
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from reliability_helpers import assert_curves_close, curves, train
+from reliability_helpers import curves, train
 from speedrun.train import grad_accum
-from speedrun.config import validate
-from speedrun.errors import ConfigError
-from speedrun.recipes.presets import record
-from speedrun.compile.regional import compile_step_model
+from speedrun.train.grad_accum import compile_step_model
 
 
 class Small(nn.Module):
@@ -42,17 +42,18 @@ class Small(nn.Module):
         return F.cross_entropy(F.linear(y, self.embed.weight.float()), targets)
 
 
-def _accumulate(step_model, model, batches, sums: grad_accum.GradSums | None):
+def reference(model: nn.Module, compiled: bool) -> nn.Module:
+    """Autograd's own accumulation: the model itself, whole-model compiled where `compiled`."""
+    return torch.compile(model, dynamic=False, fullgraph=True) if compiled else model
+
+
+def _accumulate(step_model, model, batches):
+    """A step of `batches` through autograd's accumulation; the gradients."""
     for p in model.parameters():
         p.grad = None
     for tokens, targets, flag in batches:
-        if sums is None:
-            loss = step_model(tokens, targets, flag, torch.bfloat16)
-        else:
-            loss = step_model(tokens, targets, flag, torch.bfloat16, sums.begin())
+        loss = step_model(tokens, targets, flag, torch.bfloat16)
         (loss / len(batches)).backward()
-        if sums is not None:
-            sums.end()
     return {name: None if p.grad is None else p.grad.clone() for name, p in model.named_parameters()}
 
 
@@ -60,34 +61,6 @@ def _batches(flags):
     gen = torch.Generator().manual_seed(1)
     return [(torch.randint(0, 97, (48,), generator=gen), torch.randint(0, 97, (48,), generator=gen), flag)
             for flag in flags]
-
-
-def test_compiled_sums_equal_autograd_bit_for_bit():
-    torch.manual_seed(0)
-    model = Small()
-    batches = _batches((0, 0, 0, 0))
-    want = _accumulate(compile_step_model(model, "on", True), model, batches, None)
-    got = _accumulate(compile_step_model(model, "on", True, summed=True), model, batches, grad_accum.GradSums(model))
-    assert want.keys() == got.keys() and want["sometimes"] is None and got["sometimes"] is None
-    for name in ("embed.weight", "up", "down"):
-        assert got[name].dtype == want[name].dtype and torch.equal(got[name], want[name]), name
-    assert want["embed.weight"].dtype == torch.bfloat16
-
-
-def test_a_parameter_some_micro_steps_skip_keeps_its_sum():
-    """`sometimes` gets a gradient in the second micro-step only (eager: the sums' bookkeeping is the
-    trainer's, the same compiled or not)."""
-    torch.manual_seed(0)
-    model = Small()
-    batches = _batches((0, 1, 0, 0))
-    want = _accumulate(model, model, batches, None)
-    got = _accumulate(compile_step_model(model, "on", False, summed=True), model, batches,
-                      grad_accum.GradSums(model))
-    for name in want:
-        assert torch.equal(got[name], want[name]), name
-    none = _accumulate(compile_step_model(model, "on", False, summed=True), model, batches[:1],
-                       grad_accum.GradSums(model))
-    assert none["sometimes"] is None and none["up"] is not None
 
 
 def test_allow_caching_in_a_fresh_process():
@@ -107,73 +80,33 @@ def test_round_bf16_is_the_cast():
     assert grad_accum.round_bf16(torch.tensor([float("nan")])).isnan().all()
 
 
-def test_resolve_and_config_check():
-    assert grad_accum.resolve("auto", "auto", True, False, 8) == "graph"
-    assert grad_accum.resolve("auto", "on", True, True, 8) == "inplace"  # CUDA graphs
-    assert grad_accum.resolve("auto", "on", True, True, 1) == "autograd"
-    assert grad_accum.resolve("auto", "regional", True, False, 8) == "autograd"
-    assert grad_accum.resolve("auto", "auto", False, False, 8) == "autograd"  # not compiled
-    assert grad_accum.resolve("auto", "auto", True, False, 1) == "autograd"  # one micro-step
-    assert grad_accum.resolve("graph", "auto", False, False, 1) == "graph"
-    cfg = record()
-    cfg.train.grad_accum = "graph"
-    validate(cfg, 1)
-    for field, value in (("cudagraphs", True), ("compile", "regional")):
-        bad = record()
-        bad.train.grad_accum = "graph"
-        setattr(bad.train, field, value)
-        with pytest.raises(ConfigError, match="train.grad_accum"):
-            validate(bad, 1)
-    bad = record()
-    bad.train.grad_accum = "fused"
-    with pytest.raises(ConfigError, match="train.grad_accum"):
-        validate(bad, 1)
-    cfg = record()
-    cfg.train.grad_accum, cfg.train.cudagraphs = "inplace", True
-    validate(cfg, 1)
-    cfg.train.compile, cfg.train.cudagraphs = "regional", False
-    with pytest.raises(ConfigError, match="train.grad_accum: inplace needs the whole-model compile"):
-        validate(cfg, 1)
-
-
-def test_tiny_run_unchanged(tmp_path):
-    """The tiny model (eager on the CPU, two micro-steps) with graph sums and with in-place sums: every
-    loss as autograd's."""
-    assert train(tmp_path / "autograd", "--set", "train.grad_accum=autograd", steps=4) == 0
-    for mode in ("graph", "inplace"):
-        assert train(tmp_path / mode, "--set", f"train.grad_accum={mode}", steps=4) == 0
-        assert curves(tmp_path / "autograd") == curves(tmp_path / mode), mode
-        assert json.loads((tmp_path / mode / "env.json").read_text())["run"]["grad_accum"] == mode
-
-
 def accumulate_inplace(step_model, model, batches, casts=None, unused=(), bufs=None):
-    """A step of `batches` with train.grad_accum=inplace, as the trainer runs it (with `bufs`, the
-    buffers kept from an earlier step); the gradients."""
-    bufs = grad_accum.GradBuffers(model, False, unused) if bufs is None else bufs
+    """A step of `batches` with the in-place sums, as the trainer runs it (with `bufs`, the buffers kept
+    from an earlier step); the gradients."""
+    bufs = grad_accum.GradBuffers(model, unused) if bufs is None else bufs
     bufs.start()
     if casts is not None:
         casts.refresh()
     for tokens, targets, flag in batches:
-        loss = step_model(tokens, targets, flag, torch.bfloat16, bufs.begin(),
+        loss = step_model(tokens, targets, flag, torch.bfloat16, bufs.buffers,
                           None if casts is None else casts.aligned())
         (loss / len(batches)).backward()
-        bufs.end()
     bufs.finish()
     return {name: None if p.grad is None else p.grad.clone() for name, p in model.named_parameters()}
 
 
 @pytest.mark.parametrize("compiled", [False, True])
 def test_inplace_sums_equal_autograd_bit_for_bit(compiled):
-    """train.grad_accum=inplace: the backward adds into buffers kept for the run. The same sums as
-    autograd's bit for bit: the bfloat16 table, the float32 weights, a parameter only one micro-step
-    uses, and the casts made once a step; the buffers are the parameters' `.grad` afterwards."""
+    """The backward adds into buffers kept for the run. The same sums as autograd's bit for bit: the
+    bfloat16 table, the float32 weights, a parameter only one micro-step uses, and the casts made once a
+    step; the buffers are the parameters' `.grad` afterwards."""
     torch.manual_seed(0)
     model = Sliced()
     batches = _batches((0, 1, 0, 0))
-    want = _accumulate(compile_step_model(model, "on", compiled), model, batches, None)
-    got = accumulate_inplace(compile_step_model(model, "on", compiled, summed="inplace"), model, batches)
+    want = _accumulate(reference(model, compiled), model, batches)
+    got = accumulate_inplace(compile_step_model(model, compiled), model, batches)
     casts = grad_accum.StepCasts(model, ["pair", "up", "down"], torch.bfloat16)
-    cast = accumulate_inplace(compile_step_model(model, "on", compiled, summed="inplace"), model, batches, casts)
+    cast = accumulate_inplace(compile_step_model(model, compiled), model, batches, casts)
     assert want.keys() == got.keys() == cast.keys()
     for name in want:
         assert got[name].dtype == want[name].dtype and torch.equal(got[name], want[name]), name
@@ -187,8 +120,8 @@ def test_inplace_leaves_an_unused_parameter_without_gradient():
     torch.manual_seed(0)
     model = Small()
     batches = _batches((0, 0))
-    want = _accumulate(model, model, batches, None)
-    step_model = compile_step_model(model, "on", False, summed="inplace")
+    want = _accumulate(model, model, batches)
+    step_model = compile_step_model(model, False)
     named = accumulate_inplace(step_model, model, batches, unused=("sometimes",))
     unnamed = accumulate_inplace(step_model, model, batches)
     assert want["sometimes"] is None and named["sometimes"] is None
@@ -218,30 +151,6 @@ def test_unused_parameter_names_match_autograd_for_every_preset():
     assert seen == {(), ("scalars",)}  # both cases occur among the presets
 
 
-@pytest.mark.gpu
-def test_gpu_graph_sums_train_like_autograd(tmp_path):
-    """The tiny run compiled on the GPU in bfloat16 (its embedding tables too), with sums in the graph
-    (the default there, with the casts made once a step), with autograd's, with the graph's sums but
-    the casts in every micro-step, and with the FP8 head's weight operands made in each micro-step's
-    head op (train.head_once=false; the default makes them once a step): the same losses to within the compiled step's run-to-run spread."""
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
-    gpu = ["--set", "train.compile=on", "--set", "train.precompile=false", "--set", "train.warmup_steps=2",
-           "--set", "train.dtype=bfloat16"]
-    assert train(tmp_path / "a", *gpu, "--set", "train.grad_accum=autograd", steps=6) == 0
-    assert train(tmp_path / "b", *gpu, steps=6) == 0
-    assert train(tmp_path / "c", *gpu, "--set", "train.cast_once=false", steps=6) == 0
-    assert train(tmp_path / "d", *gpu, "--set", "train.head_once=false", steps=6) == 0
-    assert_curves_close(tmp_path / "a", tmp_path / "b")
-    assert_curves_close(tmp_path / "c", tmp_path / "b")
-    assert_curves_close(tmp_path / "d", tmp_path / "b")
-    run = json.loads((tmp_path / "b" / "env.json").read_text())["run"]
-    assert run["grad_accum"] == "inplace" and run["embed_rows"] is True  # model.embed_kernel=rows, the default
-    assert run["cast_once"] is True and run["head_once"] is True
-    assert json.loads((tmp_path / "c" / "env.json").read_text())["run"]["cast_once"] is False
-    assert json.loads((tmp_path / "d" / "env.json").read_text())["run"]["head_once"] is False
-
-
 class Sliced(Small):
     """Small, plus a float32 stack of two matrices read as slices, each cast (as GPT's qkvo_w)."""
 
@@ -259,40 +168,26 @@ class Sliced(Small):
         return F.cross_entropy(F.linear(y, self.embed.weight.float()), targets)
 
 
-def _accumulate_cast(step_model, model, batches, casts: grad_accum.StepCasts):
-    sums = grad_accum.GradSums(model)
-    for p in model.parameters():
-        p.grad = None
-    casts.refresh()
-    for tokens, targets, flag in batches:
-        loss = step_model(tokens, targets, flag, torch.bfloat16, sums.begin(), casts.aligned())
-        (loss / len(batches)).backward()
-        sums.end()
-    return {name: None if p.grad is None else p.grad.clone() for name, p in model.named_parameters()}
-
-
 @pytest.mark.parametrize("compiled", [False, True])
 def test_casts_once_a_step_give_the_same_gradients_bit_for_bit(compiled):
-    """train.cast_once: the float32 matrices cast before the step, not in each micro-step, give autograd's
-    sums exactly; the bfloat16 table and the parameter that is not named keep their own path."""
+    """The float32 matrices cast before the step, not in each micro-step, give autograd's sums exactly;
+    the bfloat16 table and the parameter that is not named keep their own path."""
     torch.manual_seed(0)
     model = Sliced()
     batches = _batches((0, 1, 0, 0))
-    want = _accumulate(compile_step_model(model, "on", compiled), model, batches, None)
+    want = _accumulate(reference(model, compiled), model, batches)
     casts = grad_accum.StepCasts(model, ["pair", "up", "down", "embed.weight"], torch.bfloat16)
     names = [name for name, _ in grad_accum.trained_parameters(model)]
     assert [name for name, c in zip(names, casts.aligned()) if c is not None] == ["up", "down", "pair"]
-    got = _accumulate_cast(compile_step_model(model, "on", compiled, summed=True), model, batches, casts)
+    bufs = grad_accum.GradBuffers(model)
+    got = accumulate_inplace(compile_step_model(model, compiled), model, batches, casts, bufs=bufs)
     for name in want:
-        if want[name] is None:
-            assert got[name] is None, name
-        else:
-            assert got[name].dtype == want[name].dtype and torch.equal(got[name], want[name]), name
+        assert got[name].dtype == want[name].dtype and torch.equal(got[name], want[name]), name
     # a second step after an update reads the updated weights (refresh), not the first step's casts
     with torch.no_grad():
         model.up.add_(0.25)
-    want = _accumulate(compile_step_model(model, "on", False), model, batches, None)
-    got = _accumulate_cast(compile_step_model(model, "on", False, summed=True), model, batches, casts)
+    want = _accumulate(model, model, batches)
+    got = accumulate_inplace(compile_step_model(model, False), model, batches, casts, bufs=bufs)
     assert torch.equal(got["up"], want["up"]) and torch.equal(got["down"], want["down"])
 
 
@@ -336,19 +231,9 @@ def test_gpt_reads_its_cast_only_parameters_only_cast():
                                                                           torch.bfloat16)), want)
 
 
-def test_tiny_run_with_casts_once_unchanged(tmp_path):
-    """The tiny model in bfloat16 on the CPU (eager, graph sums): every loss the same with the casts made
-    once a step and in every micro-step."""
-    bf16 = ["--set", "train.grad_accum=graph", "--set", "train.dtype=bfloat16"]
-    assert train(tmp_path / "a", *bf16, "--set", "train.cast_once=false", steps=3) == 0
-    assert train(tmp_path / "b", *bf16, steps=3) == 0
-    assert curves(tmp_path / "a") == curves(tmp_path / "b")
-    assert json.loads((tmp_path / "b" / "env.json").read_text())["run"]["cast_once"] is True
-    assert json.loads((tmp_path / "a" / "env.json").read_text())["run"]["cast_once"] is False
-
-
 def test_summed_model_hands_keyword_arguments_to_the_model():
-    """head_q (train.head_once) reaches the model's forward with the sums and without."""
+    """head_q (the FP8 head's operands, made once a step) reaches the model's forward with the sums and
+    without."""
     class Seen(Small):
         def forward(self, tokens, targets, long_blocks, dtype=torch.bfloat16, head_q=None):
             self.seen = head_q
@@ -358,28 +243,10 @@ def test_summed_model_hands_keyword_arguments_to_the_model():
     tokens, targets, flag = _batches((0,))[0]
     summed = grad_accum.SummedModel(model)
     marker = (torch.zeros(1), torch.ones(1))
-    summed(tokens, targets, flag, torch.bfloat16, grad_accum.GradSums(model).begin(), None, head_q=marker)
+    summed(tokens, targets, flag, torch.bfloat16, grad_accum.GradBuffers(model).buffers, None, head_q=marker)
     assert model.seen is marker
     summed(tokens, targets, flag, torch.bfloat16, head_q=None)
     assert model.seen is None
-
-
-def test_head_once_without_fp8_changes_nothing(tmp_path):
-    """On the CPU the head is not FP8: train.head_once leaves the run as it is and says so."""
-    assert train(tmp_path / "a", "--set", "train.head_once=true", steps=2) == 0
-    assert json.loads((tmp_path / "a" / "env.json").read_text())["run"]["head_once"] is False
-
-
-def test_compile_key_names_head_once_only_when_on():
-    """head_once is on by default and the compile keys name it, so the keys of earlier runs (their graphs
-    quantise the head's weight in each micro-step) never match the new graphs; off, the earlier keys hold."""
-    from speedrun.compile.cache import graph_config
-    from speedrun.recipes.presets import record
-
-    cfg = record()
-    assert cfg.train.head_once is True and graph_config(cfg)["train"]["head_once"] is True
-    cfg.train.head_once = False
-    assert "head_once" not in graph_config(cfg)["train"]
 
 
 def test_casts_once_resume_exactly(tmp_path):
@@ -387,10 +254,80 @@ def test_casts_once_resume_exactly(tmp_path):
     the run is the straight one loss for loss (the casts come from the restored weights)."""
     from reliability_helpers import resume
 
-    bf16 = ["--set", "train.grad_accum=graph", "--set", "train.dtype=bfloat16", "--checkpoint-every", "2"]
+    bf16 = ["--set", "train.dtype=bfloat16", "--checkpoint-every", "2"]
     assert train(tmp_path / "straight", *bf16, steps=4) == 0
     run = tmp_path / "run"
     assert train(run, *bf16, "--set", "train.inject_fault=sigterm@2", steps=4) == 143
     assert resume(run) == 0
     assert curves(run) == curves(tmp_path / "straight")
-    assert json.loads((run / "env.json").read_text())["run"]["cast_once"] is True
+
+
+TINY_GPT = ["model.num_layers=2", "model.value_embeds=1", "model.long_layers=0", "model.no_attn_layers=",
+            "model.model_dim=64", "model.num_heads=1", "model.head_dim=64", "model.mlp_hidden=128",
+            "train.seq_len=256", "train.batch_seqs=2", "attention.window_tokens=256", "train.warmup_steps=0",
+            "train.val_tokens=0", "train.precompile=false"]
+
+
+def trainer_and_autograd(folder: Path, overrides: list[str]) -> tuple[tuple, tuple]:
+    """The trainer's first step on random tokens (its in-place sums, the embedding tables' rows, the
+    casts and the FP8 head's operands made once a step), and the same batches through autograd's own
+    accumulation on a copy of its model (compiled as the trainer's is): (mean loss, gradients) of each."""
+    from speedrun.bench.step import write_random_data
+    from speedrun.config import apply_overrides
+    from speedrun.recipes.registry import get_preset
+    from speedrun.train.dist import init_distributed
+    from speedrun.train.loop import Trainer
+
+    cfg = apply_overrides(get_preset("demo"), TINY_GPT + overrides)
+    info = init_distributed()
+    write_random_data(folder / "data", cfg, 1, info.world_size)
+    cfg.data.data_dir = str(folder / "data")
+    cfg.data.train_pattern, cfg.data.val_pattern = "bench_train_*.bin", "bench_val_*.bin"
+    torch._dynamo.reset()
+    trainer = Trainer(cfg, info, folder / "run", progress=False)
+    try:
+        model = copy.deepcopy(trainer.model)
+        batches, got = [], {}
+        next_batches = trainer.guard.next_batches
+
+        def recorded():
+            batches.extend(next_batches())
+            return list(batches)
+
+        trainer.guard.next_batches = recorded
+        trainer.guard.before_update = lambda step: got.update(_grads(trainer.model))
+        trainer.guard.start()
+        loss = trainer.train_step(0)
+        window, dtype, compiled = trainer.window(0), trainer.dtype, trainer.compiled
+    finally:
+        trainer.session.release()
+        trainer.loader.close()
+        trainer.guard.close()
+        trainer.out.close()
+    step_model = reference(model, compiled)  # wrapped with the trainer's package cache off again
+    total = torch.zeros((), device=window.device)
+    for inputs, targets in batches:
+        step_loss = step_model(inputs, targets, window, dtype)
+        (step_loss / len(batches)).backward()
+        total += step_loss.detach()
+    return (loss, got), (total / (len(batches) * cfg.train.seq_len), _grads(model))
+
+
+def _grads(model: nn.Module) -> dict:
+    return {name: None if p.grad is None else p.grad.clone() for name, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("overrides", [
+    pytest.param(["train.dtype=float32"], id="float32-eager"),
+    pytest.param(["train.dtype=bfloat16", "train.compile=on"], id="bfloat16-compiled", marks=pytest.mark.slow)])
+def test_trainer_step_is_autograds_bit_for_bit(tmp_path, overrides):
+    """The tiny model with a value embedding on the CPU, two micro-steps: eager in float32 (the float32
+    tables' rows add in the dense backward's order), and compiled in bfloat16 with the block matrices
+    cast once a step: the trainer's loss and every gradient are autograd's, bit for bit."""
+    (loss, got), (want_loss, want) = trainer_and_autograd(tmp_path, overrides)
+    assert torch.equal(loss, want_loss)
+    assert got.keys() == want.keys()
+    for name in want:
+        assert (got[name] is None) == (want[name] is None), name
+        if want[name] is not None:
+            assert got[name].dtype == want[name].dtype and torch.equal(got[name], want[name]), name

@@ -56,15 +56,10 @@ def test_world_size_the_preset_cannot_divide():
 CHOICES = [  # every option with a fixed set of values, and that set as validate() spells it
     ("model.activation", "relu2 or gelu"), ("model.positions", "rotary or learned"),
     ("model.rotary", "half_truncated or full"), ("model.norm", "rms or layer"),
-    ("model.softcap_form", "sigmoid or tanh"), ("model.ce_kernel", "torch, triton or auto"),
-    ("model.ce_math", "precise, tanh_approx or lean"), ("model.head_kernel", "cublas, gluon or auto"),
-    ("model.head_rowsums", "epilogue, split or consumers"), ("model.qk_kernel", "torch, triton or auto"),
-    ("model.mlp_kernel", "torch, triton or auto"), ("model.embed_kernel", "torch, triton, auto or rows"),
-    ("train.dtype", "auto, bfloat16 or float32"),
+    ("model.softcap_form", "sigmoid or tanh"), ("train.dtype", "auto, bfloat16 or float32"),
     ("attention.window", "none, fixed or growing"), ("attention.backend", "auto, flex, dense or gluon"),
-    ("attention.order_kernel", "torch, triton or auto"), ("optim.kind", "muon or adamw"),
-    ("optim.kernel", "torch, triton or auto"), ("train.compile", "auto, on, regional or off"),
-    ("train.grad_accum", "auto, graph, inplace or autograd"), ("train.on_fault", "stop or recover"),
+    ("optim.kind", "muon or adamw"), ("train.compile", "auto, on or off"),
+    ("train.kernels", "auto or reference"), ("train.on_fault", "stop or recover"),
 ]
 
 
@@ -137,7 +132,7 @@ def _older_checkpoint(stopped_run, tmp_path, drop: list[str], edit=None):
 
 def test_resume_of_a_checkpoint_without_speed_only_fields(stopped_run, tmp_path, capsys):
     """Fields added since the checkpoint that only change how the step runs take their defaults."""
-    run = _older_checkpoint(stopped_run, tmp_path, ["train.head_once", "train.cast_once"])
+    run = _older_checkpoint(stopped_run, tmp_path, ["train.kernels", "train.dynamo_cache"])
     assert main(["train", "--resume", str(run), "--no-progress"]) == 0
     assert json.loads((run / "summary.json").read_text())["final_val_loss"] > 0
     assert "other speedrun sources" not in capsys.readouterr().out  # the same sources wrote the checkpoint
@@ -166,7 +161,7 @@ def test_resume_by_other_sources_says_so_and_keeps_the_first_env(stopped_run, tm
 
 
 def test_resume_of_a_checkpoint_without_a_field_of_the_math(stopped_run, tmp_path, capsys):
-    run = _older_checkpoint(stopped_run, tmp_path, ["model.logit_softcap", "train.head_once"])
+    run = _older_checkpoint(stopped_run, tmp_path, ["model.logit_softcap", "train.kernels"])
     err = _one_line_error(capsys, main(["train", "--resume", str(run)]))
     assert "the checkpoint's config has no model.logit_softcap: it was written by earlier speedrun code" in err
 

@@ -3,10 +3,10 @@
 # (tests/test_attn_gluon.py):
 #   kernels [STAGES]  attn_gluon_bench.py: agreement with FlexAttention, time and energy a call of the
 #                     forward and backward at each window, eager and replayed from CUDA graphs
-#   variants [ARMS]   attn_gluon_variants_bench.py: the kernel variants that change no bit (DQ_Q_REG,
-#                     int32 document ids, DKDV_SMEM) against each other, from CUDA graphs, 3 rounds in turns
+#   variants          attn_gluon_variants_bench.py: the kernels with int32 against int64 document ids (the
+#                     same bits), from CUDA graphs, 3 rounds in turns
 #   host              attn_gluon_host_time.py: where a launch's host time goes (no tests, no data)
-# usage: bash scripts/bench/attn_gluon.sh kernels | variants [ARM,...] | host
+# usage: bash scripts/bench/attn_gluon.sh kernels [STAGES] | variants | host
 # Needs .proxy with the first training shard (kernels, variants). Results in $RES, then $OUT/results.tar.gz.
 set -u
 source scripts/bench/common.sh
@@ -25,12 +25,12 @@ case "$mode" in
       echo "$(date +%T) kernels: exit $?"; tail -60 "$RES/attn-gluon.log"
     else
       timeout 330 python3 scripts/bench/attn_gluon_variants_bench.py .proxy "$RES/attn-variants.json" 0.7 3 \
-        ${1:-} > "$RES/attn-variants.log" 2>&1
+        > "$RES/attn-variants.log" 2>&1
       echo "$(date +%T) variants: exit $?"; cat "$RES/attn-variants.log"
     fi ;;
   host)
     timeout 200 python3 scripts/bench/attn_gluon_host_time.py "$RES/attn-host.txt" 200
     echo "$(date +%T) host: exit $?" ;;
-  *) echo "usage: $0 kernels [STAGES] | variants [ARM,...] | host" >&2; exit 2 ;;
+  *) echo "usage: $0 kernels [STAGES] | variants | host" >&2; exit 2 ;;
 esac
 collect

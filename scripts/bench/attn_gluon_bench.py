@@ -1,14 +1,13 @@
-"""The Gluon attention forward (`speedrun.kernels.attn_gluon`) against FlexAttention's forward: agreement, time and
-energy per call at the record's shapes.
+"""The Gluon attention (`speedrun.kernels.attn_gluon`) against FlexAttention: agreement, time and energy per call
+at the record's shapes.
 
 usage: PYTHONPATH=src python3 scripts/bench/attn_gluon_bench.py DATA_DIR OUT.json [SECONDS] [STAGES,...]
 
-One micro-step's 49,152 tokens from the first training shard in DATA_DIR (its documents), 6 heads of
-128, q, k, v random in the model's (1, T, H, D) memory, scale 0.12. For each window of
-energy_parts.py (long W and short W // 2, W in 2, 6, 10, 14) the 64-token block mask the model builds
-(`attention.flex_block_mask`), then per kernel (FlexAttention with the model's options; the Gluon
-kernel at each ring depth in STAGES, default 2; `gluon_ovl`
-its OVERLAP forward; `gluon_qreg` its Q_REG forward, Q in registers):
+One micro-step's 49,152 tokens from the first training shard in DATA_DIR (its documents, as int32 ids
+for the Gluon kernels, as the model hands them), 6 heads of 128, q, k, v random in the model's (1, T, H, D)
+memory, scale 0.12. For each window of energy_parts.py (long W and short W // 2, W in 2, 6, 10, 14) the
+64-token block mask the model builds (`attention.flex_block_mask`), then per kernel (FlexAttention with the
+model's options, `flex_tiles.FLEX_OPTIONS`; the Gluon forward at each ring depth in STAGES, default 2):
 - agreement with FlexAttention: the largest |o| and |lse| difference;
 - one call's time, joules and clock on a settled power limiter (`energy_parts.energy_of`: a second of
   warm-up, then SECONDS, default 2, between two reads of the energy counter);
@@ -16,7 +15,7 @@ its OVERLAP forward; `gluon_qreg` its Q_REG forward, Q in registers):
   forward + backward, energy_parts.py's count);
 - forward + backward (`flex_fb`, `gluon_fb`: FlexAttention's autograd against `attn_gluon.attention`'s),
   with the gradients' agreement (relative norm of the difference, per q, k, v);
-- `*_g` rows: flex, gluon2, gluon_qreg and gluon_bwd again, GRAPH_CALLS calls captured
+- `*_g` rows: flex, gluon2 and gluon_bwd again, GRAPH_CALLS calls captured
   in one CUDA graph and replayed, so the host's launch cost (150-450 µs of Python a Gluon call, about the
   GPU's time at the short windows) does not hold the loop back: the kernels' own time and energy a call.
 Writes OUT.json after every row.
@@ -35,8 +34,10 @@ from energy_parts import WINDOWS, energy_of  # noqa: E402
 from speedrun.kernels import attn_gluon
 from speedrun.bench import energy_counter as ec
 from speedrun.bench import gpu_clocks as gc
-from speedrun.model.attention import _compiled_flex, block_structure, document_ids, flex_block_mask, refined_blocks  # noqa: E402
-from speedrun.config import AttentionConfig, parse_flex_options  # noqa: E402
+from speedrun.kernels.flex_tiles import FLEX_OPTIONS, use_sparse_block
+from speedrun.model.attention import (  # noqa: E402
+    MASK_BLOCK, _compiled_flex, block_structure, document_ids, flex_block_mask, narrow_ids, refined_blocks,
+)
 from speedrun.data.shards import read_shard  # noqa: E402
 
 T, H, D, SCALE = 49_152, 6, 128, 0.12
@@ -79,18 +80,17 @@ def record_inputs(data_dir: str):
 
 def main(data_dir: str, out: str, seconds: float = 2.0, stages=(2,)) -> None:
     dev, uuid, counter, shard, docs, s, g, q, k, v = record_inputs(data_dir)
-    options = parse_flex_options(AttentionConfig().flex_options)
-    from speedrun.kernels.flex_tiles import use_sparse_block
-
-    use_sparse_block(64, 128, dev)  # the backward's tile choices on the 64-token mask, as the model installs them
+    docs = narrow_ids(docs, T)
+    options = FLEX_OPTIONS
+    use_sparse_block(MASK_BLOCK, 128, dev)  # the backward's tile choices on the 64-token mask, as the trainer's
     flex = _compiled_flex()
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "tokens": T, "seconds": seconds,
            "data": shard, "flex_options": options, "rows": {}}
     for w in WINDOWS:
         for kind, win in (("long", w), ("short", max(w // 2, 1))):
             wt = torch.tensor(win, device=dev, dtype=torch.int32)
-            mask = flex_block_mask(s, wt, 128, 64)
-            partial, full = refined_blocks(s, wt, 128, 64)
+            mask = flex_block_mask(s, wt, 128)
+            partial, full = refined_blocks(s, wt, 128, MASK_BLOCK)
             tflop = (partial.sum().item() + full.sum().item()) * H * 4 * 64 * 64 * D / 1e12
             with torch.no_grad():
                 ref, ref_lse = flex(q, k, v, block_mask=mask, scale=SCALE, kernel_options=options, return_lse=True)
@@ -105,13 +105,6 @@ def main(data_dir: str, out: str, seconds: float = 2.0, stages=(2,)) -> None:
                     res["rows"][f"{kind}_w{w}_gluon{st}_agreement"] = agree
                     print(f"{kind}_w{w} gluon STAGES={st}: {agree}", flush=True)
                     fns[f"gluon{st}"] = lambda m=mask, st=st: attn_gluon.forward(q, k, v, docs, m, SCALE, {"STAGES": st})
-                for name, opt in (("gluon_ovl", {"OVERLAP": 1}), ("gluon_qreg", {"Q_REG": 1})):
-                    o, lse = attn_gluon.forward(q, k, v, docs, mask, SCALE, opt)
-                    agree = {"o_max_abs": (o.float() - ref.float()).abs().max().item(),
-                             "lse_max_abs": (lse - ref_lse).abs().max().item()}
-                    res["rows"][f"{kind}_w{w}_{name}_agreement"] = agree
-                    print(f"{kind}_w{w} {name} {opt}: {agree}", flush=True)
-                    fns[name] = lambda m=mask, opt=opt: attn_gluon.forward(q, k, v, docs, m, SCALE, opt)
             qkv = [x.detach().requires_grad_() for x in (q, k, v)]
             go = torch.randn(q.shape, device=dev, generator=g).bfloat16()
             lists = attn_gluon.block_lists(mask)
@@ -134,7 +127,7 @@ def main(data_dir: str, out: str, seconds: float = 2.0, stages=(2,)) -> None:
                 host_us = (time.perf_counter() - t0) / 10 * 1e6
                 res["rows"][f"{kind}_w{w}_{name}_host_us"] = host_us
                 print(f"{kind}_w{w} {name}: host {host_us:.1f} us a call", flush=True)
-            for name in ("flex", "gluon2", "gluon_qreg", "gluon_bwd"):
+            for name in ("flex", "gluon2", "gluon_bwd"):
                 try:
                     fns[f"{name}_g"] = graphed(fns[name])
                 except Exception as e:  # a row lost, not the bench

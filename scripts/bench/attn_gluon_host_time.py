@@ -45,7 +45,7 @@ def main(out: str, calls: int = 200) -> None:
     q, k, v, do = (torch.randn(1, T, H, D, device=dev, dtype=torch.bfloat16, generator=g).transpose(1, 2)
                    for _ in range(4))
     lists = A.block_lists(flex_block_mask(block_structure(docs, 128), torch.tensor(6, device=dev, dtype=torch.int32),
-                                          128, 64))
+                                          128))
     o, lse = A.launch_forward(q, k, v, docs, lists, SCALE)
     kernel = A._build()["fwd"]
     descs, head_rows, head_cols = A._descriptors([(q, "q"), (k, "k"), (v, "v"), (o, "out")])
@@ -53,7 +53,7 @@ def main(out: str, calls: int = 200) -> None:
 
     def bare_forward():
         kernel[(T // A.BLOCK, H)](*descs, lse, docs, kv_num, kv_idx, fkv_num, fkv_idx, T, kv_idx.shape[1], head_rows,
-                                  head_cols, SCALE * math.log2(math.e), STAGES=2, Q_REG=0, num_warps=4)
+                                  head_cols, SCALE * math.log2(math.e), STAGES=2, num_warps=4)
 
     parts = {
         "launch_forward": lambda: A.launch_forward(q, k, v, docs, lists, SCALE),

@@ -1,12 +1,14 @@
-"""Per-call time of the head's CE gradient in both layouts (ce_grad_gluon.py) against the default's pair.
+"""Per-call time of the head's CE gradient in both layouts (ce_grad_gluon.py) against the kernel-and-copy pair.
 
 At one micro-step of the record (49,152 x 50,304; z and the row sums from the Gluon head kernel, as in
 training), timed in turns on a settled clock (`cuda_timing.interleaved_us`):
-- `lean_copy`: the default: the lean CE kernel (row sums given) writing g, then `transpose.transpose_copy`;
-- `both`: `softcap_ce.launch_transposed` (the row kernel, ce_grad_gluon's pass, the target columns);
+- `lean_copy`: the lean CE kernel (row sums given) writing g, then `transpose.transpose_copy` (the path of
+  GPUs other than Hopper);
+- `both`: `softcap_ce.launch_transposed` (the row kernel, ce_grad_gluon's pass, the target columns: the
+  head's path on Hopper);
 - `both_<key><value>`: the same with one ce_grad_gluon.CONFIG entry changed;
 - the parts: `lean`, `copy`, `rows`, `pass` (the Gluon kernel alone), `targets`.
-Before timing, each variant's g and g^T are compared with the default's bytes.
+Before timing, each variant's g and g^T are compared with the pair's bytes.
 
   PYTHONPATH=src python3 scripts/bench/ce_both_layouts_bench.py OUT.json     (on an H200)
 """
@@ -45,7 +47,7 @@ def main(out_path):
     N, V = z.shape
     mul, half = 448.0, sc.LEAN_CONFIG["BLOCK_V"] // 2
     u = lambda x: x.view(torch.uint8)  # noqa: E731
-    _, g0 = sc.launch(z, t, 30.0, "sigmoid", True, torch.float8_e5m2, mul, "lean", rs)
+    _, g0 = sc.launch(z, t, 30.0, "sigmoid", True, torch.float8_e5m2, mul, rs)
     g0t = transpose.transpose_copy(g0)
     checks = {}
     for name, cfg in {"both": {}, **VARIANTS}.items():
@@ -70,11 +72,11 @@ def main(out_path):
 
     rows()
     fns = {"lean_copy": lambda: transpose.transpose_copy(sc.launch(z, t, 30.0, "sigmoid", True, torch.float8_e5m2, mul,
-                                                                   "lean", rs)[1]),
+                                                                   rs)[1]),
            "both": lambda: sc.launch_transposed(z, t, 30.0, torch.float8_e5m2, mul, rs)}
     for name, cfg in VARIANTS.items():
         fns[name] = lambda cfg=cfg: G.launch(z, shift, g, gt, 30.0, 1 / 7.5, half, cfg)
-    fns.update(lean=lambda: sc.launch(z, t, 30.0, "sigmoid", True, torch.float8_e5m2, mul, "lean", rs),
+    fns.update(lean=lambda: sc.launch(z, t, 30.0, "sigmoid", True, torch.float8_e5m2, mul, rs),
                copy=lambda: transpose.transpose_copy(g0), rows=rows,
                **{"pass": lambda: G.launch(z, shift, g, gt, 30.0, 1 / 7.5, half)}, targets=targets)
     us = interleaved_us(fns, rounds=30, calls=3)

@@ -109,12 +109,7 @@ declare -A ARM_ARGS=(
   [def]=""
   [flex]="--set attention.backend=flex"
   [gluon]="--set attention.backend=gluon"
-  [graphs]="--set train.cudagraphs=true"
-  [noqreg]="--set attention.gluon_q_regs=false"
-  [nodqreg]="--set attention.gluon_dq_q_regs=false"
-  [noi32]="--set attention.gluon_docs_i32=false"
-  [nosmem]="--set attention.gluon_dkdv_smem=false"
-  [overlap]="--set attention.gluon_overlap=true"
+  [reference]="--set train.kernels=reference"
 )
 arm_args() {  # arm_args ARM: the arm's arguments; an unknown arm stops the script
   [ -n "${ARM_ARGS[$1]+x}" ] || { echo "unknown arm '$1' (known: ${!ARM_ARGS[*]}; add it to ARM_ARGS)" >&2; exit 2; }

@@ -25,7 +25,7 @@ Parts (forward + backward each, compiled as the model is, the model's own module
   `attn_fwd_{long,short}_w<W>` its forward alone (no autograd);
 - `mlp_fused`, `mlp_reference`: the MLP alone, the model's kernels and the plain-PyTorch reference;
 - `head`: the FP8 head and the soft-capped CE (`model.head_loss`, the weight's FP8 operands made once,
-  as `train.head_once` does), forward + backward;
+  as the trainer does once a step), forward + backward;
 - `bf16_mm`: cuBLAS's bare product of the MLP's shape (49,152 x 768 x 3,072), for J per TFLOP;
   `fp8_mm`: the head's forward product alone (`torch._scaled_mm`, e4m3, 49,152 x 768 x 50,304);
 - `train_step`: the whole training step (`speedrun bench`'s trainer on the same shards, steps cycling over
@@ -161,9 +161,8 @@ def main(data_dir: str, out: str, seconds: float = 3.0, smoke: bool = False) -> 
         run("fp8_mm", lambda: torch._scaled_mm(x8, w8.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16,
                                                use_fast_accum=True))
     mlp = model.blocks[5].mlp
-    for name, impl in (("mlp_fused", mlp.kernel), ("mlp_reference", "torch")):
-        f = torch.compile(lambda a, i=impl: relu2_mlp.relu2_mlp(a, mlp.fc_w.type_as(a), mlp.proj_w.type_as(a), i,
-                                                                 mlp.options, mlp.wgrad))
+    for name, impl in (("mlp_fused", mlp.impl), ("mlp_reference", "torch")):
+        f = torch.compile(lambda a, i=impl: relu2_mlp.relu2_mlp(a, mlp.fc_w.type_as(a), mlp.proj_w.type_as(a), i))
         run(name, grads_of(lambda f=f: f(x), [x], [mlp.fc_w, mlp.proj_w], gy))
     blocks = {i: torch.compile(model.blocks[i]) for i in (*LONG_LAYERS, *SHORT_LAYERS, 7)}
     run("block_L7", grads_of(lambda: blocks[7](*block_setup(model, 7, x, x0, ve_all, rope), None, False),

@@ -1,16 +1,17 @@
-"""FlexAttention with the record's 128-token block mask against finer masks of the same function.
+"""FlexAttention's kernel options on the model's 64-token block mask.
 
 usage: (cd scripts/bench && [SWEEP_SET=tiles|options] python3 flex_mask_bench.py DATA_DIR OUT_JSON)
 
-`attention.sparse_block` hands the kernel a mask of sparse_block-token blocks: the window is still
+The model hands FlexAttention a mask of 64-token blocks (`attention.MASK_BLOCK`): the window is
 chosen among 128-token blocks, but sub-blocks no query can see are dropped and those wholly visible
-run without the mask function. This times the record's shapes, q, k, v (1, 6, 49152, 128) bfloat16,
-with the documents of the first 49,152 tokens of the first training shard, at every long window of
-a run (1..14 blocks; the short windows, half, are among them). Per option set: compiled once
-(torch.compile of flex_attention with its kernel options), forward and forward + backward timed per
-window (CUDA events, median of 20 after 3 warm-ups), outputs and gradients compared with the first
-set's (the 128-token mask with the model's options). The per-step estimate weighs the windows as a
-run does: each long window equally often, 3 long and 8 short layers, 8 micro-steps.
+run without the mask function; the tiles must divide those blocks. This bench chose the model's tiles
+(`flex_tiles.FLEX_OPTIONS`; against torch's defaults on the 128-token mask, 72dcb66). It times the
+record's shapes, q, k, v (1, 6, 49152, 128) bfloat16, with the documents of the first 49,152 tokens of
+the first training shard, at every long window of a run (1..14 blocks; the short windows, half, are
+among them). Per option set: compiled once (torch.compile of flex_attention with its kernel options),
+forward and forward + backward timed per window (CUDA events, median of 20 after 3 warm-ups), outputs
+and gradients compared with the first set's (the model's options). The per-step estimate weighs the
+windows as a run does: each long window equally often, 3 long and 8 short layers, 8 micro-steps.
 """
 
 import json
@@ -23,14 +24,13 @@ import torch
 from torch.nn.attention.flex_attention import flex_attention
 
 from cuda_timing import median_us
-from speedrun.model.attention import block_structure, document_ids, flex_block_mask, refined_blocks
-from speedrun.config import AttentionConfig, parse_flex_options
-from speedrun.kernels.flex_tiles import use_sparse_block
+from speedrun.model.attention import MASK_BLOCK, block_structure, document_ids, flex_block_mask, refined_blocks
+from speedrun.kernels.flex_tiles import FLEX_OPTIONS, use_sparse_block
 from speedrun.data.shards import read_shard
 
 T, H, D, BLOCK = int(os.environ.get("SWEEP_T", 49152)), 6, 128, 128
 WINDOWS = range(1, int(os.environ.get("SWEEP_WINDOWS", 14)) + 1)
-FWD = parse_flex_options(AttentionConfig().flex_options)
+MODEL = FLEX_OPTIONS
 
 
 def bwd(m1, n1, m2, n2, warps, stages):
@@ -38,32 +38,31 @@ def bwd(m1, n1, m2, n2, warps, stages):
             "bwd_num_warps": warps, "bwd_num_stages": stages}
 
 
-# (name, sparse block, options); the first is the reference the others are compared with
-# Inductor reads its tile heuristics once per thread (the backward compiles on autograd's device
-# thread), so the fine-block heuristics are installed before the first compile (main) and the
-# 128-token set names torch's H200 default backward tiles itself: the same kernel as torch's default.
+# (name, options); the first, the model's, is the reference the others are compared with. Inductor reads
+# its tile heuristics once per thread (the backward compiles on autograd's device thread), so the
+# fine-block heuristics are installed before the first compile (main). The backward tiles around the
+# model's (32, 64, 64, 32, 4 warps, 4 stages), as swept for 72dcb66:
 TILES = [
-    ("s128_model", 128, {**FWD, **bwd(64, 128, 128, 64, 8, 3)}),
-    ("s64_b64_w4_s3", 64, {**FWD, **bwd(64, 64, 64, 64, 4, 3)}),
-    ("s64_b64_w8_s3", 64, {**FWD, **bwd(64, 64, 64, 64, 8, 3)}),
-    ("s64_b64_w4_s2", 64, {**FWD, **bwd(64, 64, 64, 64, 4, 2)}),
-    ("s64_b64_w4_s4", 64, {**FWD, **bwd(64, 64, 64, 64, 4, 4)}),
-    ("s64_b32_w4_s3", 64, {**FWD, **bwd(32, 64, 64, 32, 4, 3)}),
-    ("s64_b32_w4_s4", 64, {**FWD, **bwd(32, 64, 64, 32, 4, 4)}),
-    ("s64_fwd_w4_s2", 64, {**FWD, "fwd_num_stages": 2, **bwd(64, 64, 64, 64, 4, 3)}),
+    ("s64_model", dict(MODEL)),
+    ("s64_b64_w4_s3", {**MODEL, **bwd(64, 64, 64, 64, 4, 3)}),
+    ("s64_b64_w8_s3", {**MODEL, **bwd(64, 64, 64, 64, 8, 3)}),
+    ("s64_b64_w4_s2", {**MODEL, **bwd(64, 64, 64, 64, 4, 2)}),
+    ("s64_b64_w4_s4", {**MODEL, **bwd(64, 64, 64, 64, 4, 4)}),
+    ("s64_b32_w4_s3", {**MODEL, **bwd(32, 64, 64, 32, 4, 3)}),
+    ("s64_fwd_w4_s2", {**MODEL, "fwd_num_stages": 2, **bwd(64, 64, 64, 64, 4, 3)}),
 ]
-# The sweep of 2026-12-01 (`a400599`) around the new default (64-token mask, the model's options first):
-# the kernel flags that keep the function (every row sees its own token, so ROWS_GUARANTEED_SAFE holds;
-# USE_TMA only changes how tiles are loaded) and neighbours of the chosen tiles.
+# The sweep of 2026-12-01 (`a400599`) around the model's options: the kernel flags that keep the function
+# (every row sees its own token, so ROWS_GUARANTEED_SAFE holds; USE_TMA only changes how tiles are loaded)
+# and neighbours of the chosen tiles.
 OPTIONS = [
-    ("s64_model", 64, dict(FWD)),
-    ("s64_rows_safe", 64, {**FWD, "ROWS_GUARANTEED_SAFE": True}),
-    ("s64_tma", 64, {**FWD, "USE_TMA": True}),
-    ("s64_rows_safe_tma", 64, {**FWD, "ROWS_GUARANTEED_SAFE": True, "USE_TMA": True}),
-    ("s64_b16_w4_s4", 64, {**FWD, **bwd(16, 64, 64, 16, 4, 4)}),
-    ("s64_b32_w4_s5", 64, {**FWD, **bwd(32, 64, 64, 32, 4, 5)}),
-    ("s64_fwd_w8_s3", 64, {**FWD, "fwd_num_warps": 8}),
-    ("s64_fwd_w4_s4", 64, {**FWD, "fwd_num_stages": 4}),
+    ("s64_model", dict(MODEL)),
+    ("s64_rows_safe", {**MODEL, "ROWS_GUARANTEED_SAFE": True}),
+    ("s64_tma", {**MODEL, "USE_TMA": True}),
+    ("s64_rows_safe_tma", {**MODEL, "ROWS_GUARANTEED_SAFE": True, "USE_TMA": True}),
+    ("s64_b16_w4_s4", {**MODEL, **bwd(16, 64, 64, 16, 4, 4)}),
+    ("s64_b32_w4_s5", {**MODEL, **bwd(32, 64, 64, 32, 4, 5)}),
+    ("s64_fwd_w8_s3", {**MODEL, "fwd_num_warps": 8}),
+    ("s64_fwd_w4_s4", {**MODEL, "fwd_num_stages": 4}),
 ]
 CANDIDATES = {"tiles": TILES, "options": OPTIONS}[os.environ.get("SWEEP_SET", "tiles")]
 
@@ -75,10 +74,9 @@ def timed(fn) -> float:
     return median_us(fn)
 
 
-def tile_counts(s, w, sparse):
-    p, f = refined_blocks(s, torch.tensor(w, device=s.docs.device), BLOCK, sparse)
-    area = (sparse / 64) ** 2
-    return {"partial_64x64": p.sum().item() * area, "full_64x64": f.sum().item() * area}
+def tile_counts(s, w):
+    p, f = refined_blocks(s, torch.tensor(w, device=s.docs.device), BLOCK, MASK_BLOCK)
+    return {"partial_64x64": p.sum().item(), "full_64x64": f.sum().item()}
 
 
 def main(data_dir: str, out: str) -> None:
@@ -89,14 +87,14 @@ def main(data_dir: str, out: str) -> None:
     g = torch.Generator(device=dev).manual_seed(0)
     q, k, v = (torch.randn(1, H, T, D, device=dev, dtype=torch.bfloat16, generator=g).requires_grad_() for _ in range(3))
     dout = torch.randn(1, H, T, D, device=dev, dtype=torch.bfloat16, generator=g)
-    results = {"tiles": {sb: {w: tile_counts(s, w, sb) for w in WINDOWS} for sb in (128, 64)}}
+    results = {"tiles": {w: tile_counts(s, w) for w in WINDOWS}}
     ref = {}
-    use_sparse_block(min(sb for _, sb, _ in CANDIDATES), BLOCK)
-    for name, sparse, opts in CANDIDATES:
+    use_sparse_block(MASK_BLOCK, BLOCK)
+    masks = {w: flex_block_mask(s, torch.tensor(w, dtype=torch.int32, device=dev), BLOCK) for w in WINDOWS}
+    for name, opts in CANDIDATES:
         torch._dynamo.reset()
-        masks = {w: flex_block_mask(s, torch.tensor(w, dtype=torch.int32, device=dev), BLOCK, sparse) for w in WINDOWS}
         fn = torch.compile(flex_attention, dynamic=False)
-        row = {"sparse_block": sparse, "options": opts}
+        row = {"options": opts}
         try:
             t0 = time.time()
             worst = 0.0

@@ -19,8 +19,7 @@ FIELDS = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices"
 
 
 def build(tokens, long_blocks, short_blocks):
-    m = attention.AttentionMasks(attention.document_ids(tokens), long_blocks, short_blocks, 128, "flex",
-                                 sparse_block=64)
+    m = attention.AttentionMasks(attention.document_ids(tokens), long_blocks, short_blocks, 128, "flex")
     return [getattr(bm, f) for bm in (m.long, m.short) for f in FIELDS]
 
 

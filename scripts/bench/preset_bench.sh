@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Step time, communication and cold start of a preset on the GPU machine.
 # usage: bash scripts/bench/preset_bench.sh [STAGE ...]   (PRESET=proxy212 by default)
-#   cold        cold starts with empty compiler caches: whole-model vs regional   (~6 min)
+#   cold        a cold start with empty compiler caches                         (~3 min)
 #   cache       speedrun warm, then a cold start that loads the portable cache   (~3 min)
-#   throughput  1-GPU step time, whole-model (+ --profile) and regional          (~4 min)
+#   throughput  1-GPU step time with --profile                                   (~2 min)
 #   comm        2 GPUs under torchrun, with --comm                                (~3 min)
 #   all         every stage, in that order (over 10 minutes: split it up)
 # Results: /tmp/speedrun-results/bench/*.json|log (and $OUT/results.tar.gz).
@@ -24,12 +24,10 @@ fresh() {  # empty local compiler caches for one run: $1 = name
 }
 
 cold() {  # first_step_s = process start -> end of the first step, caches empty, one compile at a time
-  for mode in on regional; do
-    env $(fresh cold-$mode) SPEEDRUN_COMPILE_CACHE=off CUDA_VISIBLE_DEVICES=0 \
-      $SR bench --preset "$PRESET" --set train.compile=$mode --warmup 2 --steps 5 --repeats 1 --no-sync-check \
-      --json "$B/cold-$mode.json" > "$B/cold-$mode.log" 2>&1
-    grep -E "first step|ms/step|error|Error" "$B/cold-$mode.log"
-  done
+  env $(fresh cold) SPEEDRUN_COMPILE_CACHE=off CUDA_VISIBLE_DEVICES=0 \
+    $SR bench --preset "$PRESET" --warmup 2 --steps 5 --repeats 1 --no-sync-check \
+    --json "$B/cold.json" > "$B/cold.log" 2>&1
+  grep -E "first step|ms/step|error|Error" "$B/cold.log"
 }
 
 cache() {  # warm -> portable cache file; then a run with empty local caches that loads it
@@ -47,9 +45,6 @@ throughput() {  # steady-state step time, 1 GPU; the whole-model run also profil
   CUDA_VISIBLE_DEVICES=0 $SR bench --preset "$PRESET" --steps "$STEPS" --repeats "$REPEATS" \
     --profile "$B/1gpu-profile.txt" --json "$B/1gpu.json" > "$B/1gpu.log" 2>&1
   cat "$B/1gpu.log"
-  CUDA_VISIBLE_DEVICES=0 $SR bench --preset "$PRESET" --set train.compile=regional --steps "$STEPS" \
-    --repeats "$REPEATS" --json "$B/1gpu-regional.json" > "$B/1gpu-regional.log" 2>&1
-  grep -E "ms/step|fraction|first step|host syncs|error|Error" "$B/1gpu-regional.log"
 }
 
 comm() {  # 2 GPUs: step time, collectives per size, and the step with local stand-ins for them

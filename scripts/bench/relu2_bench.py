@@ -1,20 +1,20 @@
 """The ReLU² MLP's Triton products against cuBLAS + Inductor, at the record's shapes (one GPU).
 
-Usage: python3 relu2_bench.py OUT.json [OPTIONS-FILE [broad|focused]]
+Usage: python3 relu2_bench.py OUT.json [broad|focused]
 
 Shapes: 49,152 tokens x 768 -> 3,072 (one layer, one micro-step), bfloat16.
 1. The reference's pieces, compiled: the forward product + ReLU² (h and a out), the backward
    product + the derivative (dL/dh out), and cuBLAS's products alone.
-2. Launch sweep of `relu2_mlp.launch` (broad: tile shapes, stages, then the best two's grouping,
-   epilogue split and persistence; focused: around the broad sweep's best), forward (store a; h too with
-   FROM_A=0) and backward (dL/dh, relu(h) from a; from h with FROM_A=0), each checked
-   against the compiled reference (largest difference over the reference's largest value; share of
-   elements that differ).
+2. Launch sweep of `relu2_mlp.forward_product` and `backward_product` (broad: tile shapes, stages,
+   then the best two's grouping, epilogue split and persistence; focused: around the broad sweep's
+   best): forward (a) and backward (dL/dh, relu(h) from a), each checked against the compiled
+   reference (largest difference over the reference's largest value; share of elements that differ).
 3. The whole layer, compiled, forward + backward (torch.autograd.grad): reference against the op,
-   with the default launch and the sweep's best.
-The best launch options are written to OPTIONS-FILE (for the benches that follow).
+   with the default launch (KERNEL_CONFIG) and with the sweep's best in its place.
+The best launches are in OUT.json ("best"); a better one becomes relu2_mlp.KERNEL_CONFIG by an edit.
 """
 
+import contextlib
 import itertools
 import json
 import sys
@@ -40,19 +40,18 @@ def pieces(x, w1, g, w2, h):
 
 
 def sweep_configs(kind):
-    if kind == "focused":  # around call 1's best: epilogue in quarters, h by plain loads, warp specialisation
+    if kind == "focused":  # around the broad sweep's best: epilogue in quarters, a by plain loads
         base = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_warps": 8, "GROUP_M": 8, "PERSISTENT": 1,
-                "EPI_SPLIT": 2, "H_PTR": 0, "WARP_SPEC": 0}
-        for st, sp, hp, ws in [(3, 2, 0, 0), (4, 2, 0, 0), (3, 4, 0, 0), (4, 4, 0, 0), (3, 2, 1, 0), (4, 2, 1, 0),
-                               (4, 4, 1, 0), (3, 1, 1, 0), (4, 2, 0, 1), (3, 2, 0, 1)]:
-            yield dict(base, num_stages=st, EPI_SPLIT=sp, H_PTR=hp, WARP_SPEC=ws)
+                "EPI_SPLIT": 2, "H_PTR": 0}
+        for st, sp, hp in [(3, 2, 0), (4, 2, 0), (3, 4, 0), (4, 4, 0), (3, 2, 1), (4, 2, 1), (4, 4, 1), (3, 1, 1)]:
+            yield dict(base, num_stages=st, EPI_SPLIT=sp, H_PTR=hp)
         return
     shapes = [(128, 256, 64, 3, 8), (128, 256, 64, 4, 8), (128, 128, 64, 3, 8), (128, 128, 64, 4, 8),
               (128, 128, 64, 5, 8), (128, 128, 64, 4, 4), (128, 256, 128, 2, 8), (256, 128, 64, 3, 8),
               (128, 128, 128, 3, 8)]
     for bm, bn, bk, st, wp in shapes:
         yield {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_stages": st, "num_warps": wp,
-               "GROUP_M": 8, "EPI_SPLIT": 2, "PERSISTENT": 1, "H_PTR": 0, "WARP_SPEC": 0}
+               "GROUP_M": 8, "EPI_SPLIT": 2, "PERSISTENT": 1, "H_PTR": 0}
 
 
 def variants(cfg):
@@ -62,19 +61,16 @@ def variants(cfg):
             yield c
 
 
-def run_one(direction, cfg, x, w1, g, w2, h_ref, a_ref, gh_ref):
-    """One launch timed and checked; with FROM_A (the default) as the model runs it: the forward stores a
-    alone and the backward recovers relu(h) from a."""
-    out = torch.empty_like(h_ref)
-    from_a = cfg.get("FROM_A", R.KERNEL_CONFIG["fwd"]["FROM_A"])
+def run_one(direction, cfg, x, w1, g, w2, a_ref, gh_ref):
+    """One launch timed and checked, as the model runs it: the forward stores a, the backward recovers
+    relu(h) from a."""
+    out = torch.empty_like(a_ref)
     if direction == "fwd":
-        h = torch.empty(0, dtype=h_ref.dtype, device=h_ref.device) if from_a else torch.empty_like(h_ref)
-        fn = lambda: R.launch(x, w1, h, out, R.STORE_A if from_a else R.STORE_H_AND_A, True, cfg)  # noqa: E731
+        fn = lambda: R.forward_product(x, w1, out, cfg)  # noqa: E731
         fn()
-        check = {"a": diff(out, a_ref)} if from_a else {"h": diff(h, h_ref), "a": diff(out, a_ref)}
+        check = {"a": diff(out, a_ref)}
     else:
-        saved, code = (a_ref, R.DRELU2_FROM_A) if from_a else (h_ref, R.DRELU2)
-        fn = lambda: R.launch(g, w2, saved, out, code, False, cfg)  # noqa: E731
+        fn = lambda: R.backward_product(g, w2, a_ref, out, cfg)  # noqa: E731
         fn()
         check = {"gh": diff(out, gh_ref)}
     return {"cfg": cfg, "us": median_us(fn), "check": check}
@@ -100,18 +96,37 @@ def sweep(kind, direction, *tensors):
     return rows
 
 
-def layer_times(x, w1, w2, gy, options):
+@contextlib.contextmanager
+def launches(best):
+    """relu2_mlp.KERNEL_CONFIG's entries replaced by `best`'s ({"fwd": cfg, "bwd": cfg}) for the block;
+    the op reads them at each launch. The backward on a capability-9.0 GPU runs the Gluon kernel, which
+    takes none of them."""
+    saved = {d: dict(c) for d, c in R.KERNEL_CONFIG.items()}
+    for d, c in best.items():
+        R.KERNEL_CONFIG[d].clear()
+        R.KERNEL_CONFIG[d].update(c)
+    try:
+        yield
+    finally:
+        for d, c in saved.items():
+            R.KERNEL_CONFIG[d].clear()
+            R.KERNEL_CONFIG[d].update(c)
+
+
+def layer_times(x, w1, w2, gy, best):
     xs, w1s, w2s = (t.detach().requires_grad_() for t in (x, w1, w2))
     out = {}
-    for name, impl, opts in [("reference", "torch", ""), ("kernel_default", "triton", ""),
-                             ("kernel_best", "triton", options)]:
-        f = torch.compile(lambda a, b, c, i=impl, o=opts: R.relu2_mlp(a, b, c, i, o))
-        step = lambda f=f: torch.autograd.grad(f(xs, w1s, w2s), (xs, w1s, w2s), gy)  # noqa: E731
-        got = step()
-        out[name] = {"us": median_us(step), "grads": [g.float().norm().item() for g in got]}
+    for name, impl, cfgs in [("reference", "torch", {}), ("kernel_default", "triton", {}),
+                             ("kernel_best", "triton", best)]:
+        with launches(cfgs):
+            f = torch.compile(lambda a, b, c, i=impl: R.relu2_mlp(a, b, c, i))
+            step = lambda f=f: torch.autograd.grad(f(xs, w1s, w2s), (xs, w1s, w2s), gy)  # noqa: E731
+            got = step()
+            out[name] = {"us": median_us(step), "grads": [g.float().norm().item() for g in got]}
         print("layer", name, out[name], flush=True)
     ref = torch.autograd.grad(R.reference(xs, w1s, w2s), (xs, w1s, w2s), gy)
-    ker = torch.autograd.grad(R.relu2_mlp(xs, w1s, w2s, "triton", options), (xs, w1s, w2s), gy)
+    with launches(best):
+        ker = torch.autograd.grad(R.relu2_mlp(xs, w1s, w2s, "triton"), (xs, w1s, w2s), gy)
     out["grad_check"] = [diff(k, r) for k, r in zip(ker, ref)]
     return out
 
@@ -132,20 +147,16 @@ def main():
         "bwd_mm_us": median_us(lambda: g @ w2), "bwd_us": median_us(lambda: bwd(g, w2, h_ref)),
     }
     print("reference", res["reference"], flush=True)
-    tensors = (x, w1, g, w2, h_ref, a_ref, gh_ref)
-    kind = sys.argv[3] if len(sys.argv) > 3 else "broad"
+    tensors = (x, w1, g, w2, a_ref, gh_ref)
+    kind = sys.argv[2] if len(sys.argv) > 2 else "broad"
     res["sweep"] = kind
     res["fwd"] = sweep(kind, "fwd", *tensors)
     res["bwd"] = sweep(kind, "bwd", *tensors)
     best = {d: min((r for r in res[d] if "us" in r), key=lambda r: r["us"]) for d in ("fwd", "bwd")}
-    options = ",".join(f"{d}.{k}={v}" for d in ("fwd", "bwd") for k, v in best[d]["cfg"].items())
     res["best"] = {d: best[d] for d in best}
-    res["best_options"] = options
-    print("best", options, {d: best[d]["us"] for d in best}, flush=True)
-    res["layer"] = layer_times(x, w1, w2, g, options)
+    print("best", {d: (best[d]["cfg"], best[d]["us"]) for d in best}, flush=True)
+    res["layer"] = layer_times(x, w1, w2, g, {d: best[d]["cfg"] for d in best})
     json.dump(res, open(sys.argv[1], "w"), indent=1)
-    if len(sys.argv) > 2:
-        open(sys.argv[2], "w").write(options)
 
 
 if __name__ == "__main__":

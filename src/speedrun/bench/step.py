@@ -653,8 +653,7 @@ def format_report(r: dict) -> str:
         ("GPU clock (timed steps)", gpu_clocks.describe(r.get("gpu_clocks"))),
         ("energy, cycles / step", gpu_clocks.describe_per_step(r)),
         ("peak memory", f"{_fmt_bytes(r['peak_memory_bytes'])} allocated, "
-                        f"{_fmt_bytes(r['peak_reserved_bytes'])} reserved"
-                        + (" (CUDA graphs: their pool counts in reserved only)" if r.get("cuda_graphs") else "")),
+                        f"{_fmt_bytes(r['peak_reserved_bytes'])} reserved"),
         ("set-up / first step / warm-up", f"{r['setup_s']:.1f} s / {_fmt(r['first_step_s'])} s / "
                                            f"{r['warmup_s']:.1f} s ({r['warmup']} steps)"),
         ("compile cache", str(r["compile_cache"])),
@@ -798,8 +797,7 @@ def _result(session: Session, cfg: RunConfig, args, rates: dict, measured: dict,
         "preset": cfg.name, "device": (torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"),
         "world_size": session.info.world_size, "micro_steps": tr.micro_steps,
         "compile": cfg.train.compile if tr.compiled else "off",
-        **{k: d[k] for k in ("attention_backend", "fp8_head", "dtype", "cuda_graphs", "grad_accum", "embed_rows", "cast_once",
-                             "head_once", "parameters")},
+        **{k: d[k] for k in ("attention_backend", "fp8_head", "dtype", "embed_rows", "parameters")},
         "data": args.data, "overrides": list(args.overrides),
         "warmup": args.warmup, "steps": args.steps, "repeats": args.repeats,
         "progress": "spread" if args.progress is None else args.progress,

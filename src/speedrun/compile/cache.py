@@ -133,16 +133,7 @@ def graph_config(cfg) -> dict:
     """The config fields that shape the compiled graphs."""
     d = cfg.to_dict()
     t = d["train"]
-    train = {k: t[k] for k in ("seq_len", "val_seq_len", "batch_seqs", "dtype", "compile")}
-    if t["cudagraphs"]:  # Dynamo's package holds the graphs' wrapper; named only when on (older keys hold)
-        train["cudagraphs"] = True
-    if t.get("grad_accum", "auto") != "auto":  # auto resolves from fields the key holds (and world_size)
-        train["grad_accum"] = t["grad_accum"]
-    if not t.get("cast_once", True):  # named only when off (older keys hold)
-        train["cast_once"] = False
-    if t.get("head_once"):  # named when on (the default since 55e0680, 2026-12-01): the keys of
-        # earlier runs, whose graphs quantise the head's weight in each micro-step, never match it
-        train["head_once"] = True
+    train = {k: t[k] for k in ("seq_len", "val_seq_len", "batch_seqs", "dtype", "compile", "kernels")}
     return {"model": d["model"], "attention": d["attention"], "train": train}
 
 

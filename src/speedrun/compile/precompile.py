@@ -110,7 +110,7 @@ def warm_head(model, cfg, device: torch.device) -> None:
     from speedrun.kernels import head
 
     x = torch.randn(cfg.train.seq_len, cfg.model.model_dim, device=device, dtype=torch.bfloat16)
-    if not head.fused_available(model.use_fp8, x, cfg.model.ce_kernel):
+    if not head.fused_available(model.use_fp8, x, model.impl):
         return
     x = torch.nn.functional.rms_norm(x, (x.shape[-1],))
     w = model.head_weight.detach()
@@ -119,8 +119,7 @@ def warm_head(model, cfg, device: torch.device) -> None:
     with torch.no_grad():  # as inside the compiled step: plain tensors, no autograd
         _, grad, x_f8, w_f8, grad_t = torch.ops.speedrun.fp8_softcap_ce(
             x, w.contiguous(), targets, float(cfg.model.logit_softcap), form,
-            head.x_scale(x.shape[-1]), fp8.W_SCALE, fp8.GRAD_SCALE, True, cfg.model.ce_math, cfg.model.head_kernel,
-            cfg.model.ce_transposed, cfg.model.head_rowsums)
+            head.x_scale(x.shape[-1]), fp8.W_SCALE, fp8.GRAD_SCALE, True)
         upstream = torch.full((), 1.0 / cfg.train.batch_seqs, device=device)
         scales = (head.x_scale(x.shape[-1]), fp8.W_SCALE, fp8.GRAD_SCALE)
         torch.ops.speedrun.fp8_mm_backward_prequantized(grad, upstream, x_f8, w_f8, *scales, grad_t)
@@ -148,7 +147,6 @@ def run_child(cfg, device: torch.device, world_size: int, rank: int = 0) -> None
     from speedrun.compile import dynamo_cache
     from speedrun.train import grad_accum
     from speedrun.compile.cache import key_local_caches
-    from speedrun.compile.regional import compile_step_model
     from speedrun.train.setup import build_model, pick_dtype
 
     if device.type == "cuda":
@@ -157,10 +155,7 @@ def run_child(cfg, device: torch.device, world_size: int, rank: int = 0) -> None
     model = build_model(cfg, device, world_size, dtype)
     key_local_caches()  # the same cache keys as the trainer's
     dynamo_cache.enable(cfg, device, world_size, rank)  # the same cache entries' form; never saved here
-    accum = grad_accum.resolve(cfg.train.grad_accum, cfg.train.compile, True, cfg.train.cudagraphs,
-                               cfg.train.batch_seqs // world_size, cfg.model.embed_kernel == "rows")
-    summed = accum if accum in ("graph", "inplace") else False  # the trainer's step model, wrapper and all
-    step_model = compile_step_model(model, cfg.train.compile, True, cfg.train.cudagraphs, summed)
+    step_model = grad_accum.compile_step_model(model, True)  # the trainer's step model, wrapper and all
     for name, fn in (("head", lambda: warm_head(model, cfg, device)),
                      ("evaluation graph", lambda: warm_eval(step_model, model, cfg, device, dtype))):
         t0 = time.time()

@@ -18,18 +18,29 @@ How (one program per 64-row block and head, one warpgroup, no warp specialisatio
 - Q comes once by TMA; K and V tiles by TMA into a ring of STAGES slots, each slot's load issued as soon
   as the tile STAGES earlier in the list is done (the lists are walked in the same order by the loads and
   the products, so a slot's index and mbarrier parity follow from the tile's position);
-- S = Q Kᵀ on wgmma (64 x 64 x 128; Q from shared memory, or from registers with Q_REG), scaled by
-  scale·log2(e), masked on partial tiles; the online softmax in registers in base 2 (exp2); P rounded to
-  bfloat16 (as FlexAttention rounds it) and fed to the second wgmma from registers (its accumulator layout
-  is the A operand's);
+- S = Q Kᵀ on wgmma (64 x 64 x 128; Q loaded once from shared memory into registers as the A operand,
+  `_a_operand`, so each product reads only K from shared memory), scaled by scale·log2(e), masked on
+  partial tiles; the online softmax in registers in base 2 (exp2); P rounded to bfloat16 (as FlexAttention
+  rounds it) and fed to the second wgmma from registers (its accumulator layout is the A operand's);
 - O = diag(1/l) Σ P V; stored through Q's shared buffer (free after the last QKᵀ) by TMA;
 - the backward in two kernels with no atomics: dQ per query block on the same walk (delta = rowsum(dO·O)
-  computed there first), dK and dV per key block on the block mask's query lists;
+  computed there first; Q in registers as in the forward), dK and dV per key block on the block mask's
+  query lists (each query tile's lse, delta and document ids staged through shared memory and read back
+  only where used);
 - the three walk their lists through one function (`_walk`), each with its own tile function (`_tile`,
-  `_dq_tile`, `_dkdv_tile`) and its own loop-carried values (the OVERLAP forward, one tile ahead, keeps
-  its own loop). `scripts/attn_gluon_ptx.py` shows that a change like that one leaves the PTX as it was.
+  `_dq_tile`, `_dkdv_tile`) and its own loop-carried values. `scripts/attn_gluon_ptx.py` shows that a
+  refactor leaves the PTX as it was.
 Two or more programs share an SM (82-115 KB of shared memory each with two stages), so one's softmax runs
 while another's products do.
+
+Each kernel is the one variant that measured best against its alternatives, all with the same bits out
+(docs/performance.md): Q in registers in the forward (2-6% less time and 1-7% less energy a call, 38a67e2)
+and in dQ (223-235 registers, no spills; the backward 1.2-3.4% faster, 0d63ee6; with dO in registers too
+dQ spills under Triton 3.9, 79c3465 and 0d63ee6); dK/dV's per-tile values through shared memory (no spill
+under Triton 3.6 where registers spilled 32 bytes; the backward 2.6-5.5% faster, 866abcc); the document
+ids as int32 where the largest fits (`attention.narrow_ids`: fewer registers; the forward 0.7-1.8% and the
+backward 1.2-3.7% faster, 0d63ee6), int64 otherwise. A forward that issues the next tile's QKᵀ before this
+tile's PV (FlashAttention-3's overlap within a warpgroup) measured slower and spent more energy (a7ed907).
 
 The row index of a (token, head) in q, k, v and o is `token + head * head_rows` and its first column
 `head * head_cols`: (1, H, T, D) views of (1, T, H, D) tensors (the model's) are (T, H·D) with
@@ -47,28 +58,15 @@ from torch import Tensor
 from speedrun.kernels import relu2_gluon
 
 BLOCK = 64  # rows of a query block and of a key block: the 64-token block mask's granularity
-# STAGES: the K/V (or Q/dO) ring's depth; OVERLAP: the forward with the next tile's QKᵀ issued before this
-# tile's PV (`_attn_fwd_overlap_kernel`; measured slower on two cards in a7ed907, 2026-12-04: off)
-# Q_REG: the forward's Q loaded once into registers as QKᵀ's A operand rather than read from shared memory
-# by every wgmma (half that product's shared-memory reads; 227 registers, no spills; the same bits out).
-# DQ_Q_REG: the same for the dQ kernel's QKᵀ (223-235 registers, no spills; the same bits out). With dO in
-# registers too dQ spills under Triton 3.9 (docs/performance.md; 79c3465 and 0d63ee6, 2026-12-04).
-# DKDV_SMEM: the dK/dV kernel with each query tile's lse, delta and ids through shared memory
-# (`_dkdv_tile_smem`): no spill under Triton 3.6 with int32 ids (32 bytes in the plain kernel), the same
-# bits out, 2.6-5.5% off the backward (866abcc, 2026-12-04). The model takes OVERLAP, Q_REG, DQ_Q_REG and
-# DKDV_SMEM from `attention.gluon_overlap` / `gluon_q_regs` / `gluon_dq_q_regs` / `gluon_dkdv_smem` (Q_REG
-# on since 38a67e2, DQ_Q_REG since 0d63ee6, DKDV_SMEM since 866abcc, all 2026-12-04);
-# CONFIG is the launchers' default for callers that pass none:
-# the plain kernels, the ones the others are tested against. The kernels take the document ids as int64
-# or int32 (`attention.gluon_docs_i32`: int32, fewer registers, the same comparisons).
-CONFIG = {"STAGES": 2, "num_warps": 4, "OVERLAP": 0, "Q_REG": 0, "DQ_Q_REG": 0, "DKDV_SMEM": 0}
+# The launchers' defaults for callers that pass none (the model's): STAGES, the K/V (or Q/dO) ring's depth
+# (the benches also time 3); num_warps, one warpgroup.
+CONFIG = {"STAGES": 2, "num_warps": 4}
 LN2 = math.log(2.0)
 
 _KERNEL = None
 gluon = gl = tma = mbarrier = fence_async_shared = warpgroup_mma = warpgroup_mma_wait = tma_load = tma_store = None
 _kv_block = _issue_kv = _tile = _ring = _load_pair = _store_tile = _visible = _dq_tile = _dkdv_tile = _load_one = _row_dot = None
-_dkdv_tile_smem = None
-_fwd_kernel = _dq_kernel = _dkdv_kernel = _fwd_overlap_kernel = _scores = _walk_start = _wait_slot = _program = None
+_fwd_kernel = _dq_kernel = _dkdv_kernel = _walk_start = _wait_slot = _program = None
 _walk = _a_operand = _mma_layout = None
 
 
@@ -82,8 +80,7 @@ def _build():
     modules through this module's globals."""
     global _KERNEL, gluon, gl, tma, mbarrier, fence_async_shared, warpgroup_mma, warpgroup_mma_wait, tma_load, tma_store
     global _kv_block, _issue_kv, _walk, _tile, _ring, _load_pair, _store_tile, _visible, _dq_tile, _dkdv_tile, _load_one, _row_dot
-    global _dkdv_tile_smem
-    global _fwd_kernel, _dq_kernel, _dkdv_kernel, _fwd_overlap_kernel, _scores, _walk_start, _wait_slot, _program
+    global _fwd_kernel, _dq_kernel, _dkdv_kernel, _walk_start, _wait_slot, _program
     global _a_operand, _mma_layout
     if _KERNEL is not None:
         return _KERNEL
@@ -176,14 +173,10 @@ def _build():
         return s
 
     @gluon.jit
-    def _a_operand(smem, acc_layout: gl.constexpr, IN_REGS: gl.constexpr):
-        """A 64 x D tile as the A operand of products into acc_layout: its shared buffer, or with IN_REGS the
-        tile loaded once into registers (a product then reads only B from shared memory)."""
-        if IN_REGS:
-            op = smem.load(gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2))
-        else:
-            op = smem
-        return op
+    def _a_operand(smem, acc_layout: gl.constexpr):
+        """A 64 x D tile in shared memory loaded once into registers as the A operand of products into
+        acc_layout (a product then reads only B from shared memory)."""
+        return smem.load(gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2))
 
     @gluon.jit
     def _ring(a_desc, STAGES: gl.constexpr):
@@ -237,22 +230,17 @@ def _build():
         tma.store_wait(0)
 
     @gluon.jit
-    def _visible(rows_q, rows_k, docs_ptr, TRANSPOSED: gl.constexpr):
-        """The mask function on a tile: query rows_q may see key rows_k (causal, same document); (q, k)
-        indexed, or (k, q) with TRANSPOSED (rows_q then along dimension 1)."""
+    def _visible(rows_q, rows_k, docs_ptr):
+        """The mask function on a (q, k) tile: query rows_q may see key rows_k (causal, same document)."""
         doc_q = gl.load(docs_ptr + rows_q)
         doc_k = gl.load(docs_ptr + rows_k)
-        if TRANSPOSED:
-            ok = (rows_q[None, :] >= rows_k[:, None]) & (doc_q[None, :] == doc_k[:, None])
-        else:
-            ok = (rows_q[:, None] >= rows_k[None, :]) & (doc_q[:, None] == doc_k[None, :])
-        return ok
+        return (rows_q[:, None] >= rows_k[None, :]) & (doc_q[:, None] == doc_k[None, :])
 
     @gluon.jit
     def _tile(k_buf, v_buf, state, ctx, kb, MASKED: gl.constexpr):
         """One key tile of the online softmax (`_walk`'s tile): state (m, l, acc) updated in base 2 (m and S
-        carry log2(e)); ctx (q_op, qk_scale, rows, doc_q, docs_ptr), q_op Q's tile in shared memory or
-        registers (`_a_operand`)."""
+        carry log2(e)); ctx (q_op, qk_scale, rows, doc_q, docs_ptr), q_op Q's tile in registers
+        (`_a_operand`)."""
         m_i, l_i, acc = state
         q_op, qk_scale, rows, doc_q, docs_ptr = ctx
         s_layout: gl.constexpr = rows.type.layout.parent
@@ -279,7 +267,7 @@ def _build():
     @gluon.jit
     def _attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, docs_ptr, kv_num_ptr, kv_idx_ptr,
                          fkv_num_ptr, fkv_idx_ptr, T, nbk, head_rows, head_cols, qk_scale,
-                         STAGES: gl.constexpr, Q_REG: gl.constexpr, num_warps: gl.constexpr):
+                         STAGES: gl.constexpr, num_warps: gl.constexpr):
         """o and lse of query block program_id(0), head program_id(1) (module docstring)."""
         BM: gl.constexpr = q_desc.block_type.shape[0]
         D: gl.constexpr = q_desc.block_type.shape[1]
@@ -307,7 +295,7 @@ def _build():
         l_i = gl.zeros([BM], gl.float32, gl.SliceLayout(1, s_layout))
         acc = gl.zeros([BM, D], gl.float32, o_layout)
         mbarrier.wait(q_bar, 0)
-        q_op = _a_operand(q_smem, s_layout, Q_REG)
+        q_op = _a_operand(q_smem, s_layout)
         m_i, l_i, acc = _walk(_tile, (m_i, l_i, acc), (q_op, qk_scale, rows, doc_q, docs_ptr), n_p, n, row_off,
                               kv_idx_ptr, fkv_idx_ptr, k_desc, v_desc, k_bufs, v_bufs, ready, head_row, col)
 
@@ -319,73 +307,11 @@ def _build():
         tma.store_wait(0)
 
     @gluon.jit
-    def _scores(qk, m_i, l_i, qk_scale, rows, u, n_p, row_off, kv_idx_ptr, docs_ptr, s_layout: gl.constexpr):
-        """The online softmax's step for the u-th tile of the walk (masked when it is a partial tile, u < n_p):
-        (p, m, l, alpha) from S = qk, in base 2."""
-        BN: gl.constexpr = qk.shape[1]
-        qk = qk * qk_scale
-        if u < n_p:
-            cols = gl.load(kv_idx_ptr + row_off + u) * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
-            qk = gl.where(_visible(rows, cols, docs_ptr, False), qk, -float("inf"))
-        m_new = gl.maximum(m_i, gl.max(qk, axis=1))
-        m_use = gl.where(m_new == -float("inf"), 0.0, m_new)
-        p = gl.exp2(qk - m_use[:, None])
-        alpha = gl.exp2(m_i - m_use)
-        return p, m_new, l_i * alpha + gl.sum(p, axis=1), alpha
-
-    @gluon.jit
-    def _attn_fwd_overlap_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, docs_ptr, kv_num_ptr, kv_idx_ptr,
-                                 fkv_num_ptr, fkv_idx_ptr, T, nbk, head_rows, head_cols, qk_scale,
-                                 STAGES: gl.constexpr, Q_REG: gl.constexpr, num_warps: gl.constexpr):
-        """The forward with the next tile's QKᵀ issued before this tile's PV, so the next tile's softmax
-        runs while PV does (FlashAttention-3's overlap within a warpgroup); one walk with a runtime mask
-        test per tile. Same results as `_attn_fwd_kernel` up to the order of nothing: the same products
-        and roundings per tile."""
-        BM: gl.constexpr = q_desc.block_type.shape[0]
-        D: gl.constexpr = q_desc.block_type.shape[1]
-        BN: gl.constexpr = k_desc.block_type.shape[0]
-        s_layout: gl.constexpr = _mma_layout(num_warps, BN)
-        o_layout: gl.constexpr = _mma_layout(num_warps, D)
-        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-        pid_m, h, head_row, col = _program(head_rows, head_cols)
-        k_bufs, v_bufs, ready = _ring(k_desc, STAGES)
-        q_smem, q_bar = _load_one(q_desc, head_row + pid_m * BM, col)
-        n_p, n, row_off = _walk_start(pid_m, nbk, kv_num_ptr, kv_idx_ptr, fkv_num_ptr, fkv_idx_ptr, k_desc, v_desc,
-                                      k_bufs, v_bufs, ready, head_row, col)
-        rows = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, s_layout))
-        zero = gl.zeros([BM, BN], gl.float32, s_layout)
-        acc = gl.zeros([BM, D], gl.float32, o_layout)
-        mbarrier.wait(q_bar, 0)
-        q_op = _a_operand(q_smem, s_layout, Q_REG)
-        mbarrier.wait(ready.index(0), 0)
-        qk = warpgroup_mma(q_op, k_bufs.index(0).permute((1, 0)), zero, use_acc=False)
-        p, m_i, l_i, alpha = _scores(qk, gl.full([BM], -float("inf"), gl.float32, gl.SliceLayout(1, s_layout)),
-                                     gl.zeros([BM], gl.float32, gl.SliceLayout(1, s_layout)), qk_scale, rows, 0, n_p,
-                                     row_off, kv_idx_ptr, docs_ptr, s_layout)
-        for t in range(n - 1):
-            s1 = (t + 1) % STAGES
-            mbarrier.wait(ready.index(s1), ((t + 1) // STAGES) & 1)
-            qk = warpgroup_mma(q_op, k_bufs.index(s1).permute((1, 0)), zero, use_acc=False, is_async=True)
-            p16 = gl.convert_layout(p.to(gl.bfloat16), a_layout)
-            acc = warpgroup_mma(p16, v_bufs.index(t % STAGES), acc, is_async=True)
-            qk = warpgroup_mma_wait(1, deps=(qk, ))  # the older group, QKᵀ of tile t + 1, is done
-            p, m_i, l_i, alpha = _scores(qk, m_i, l_i, qk_scale, rows, t + 1, n_p, row_off, kv_idx_ptr, docs_ptr,
-                                         s_layout)
-            acc, p16 = warpgroup_mma_wait(0, deps=(acc, p16))
-            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-            _issue_kv(t + STAGES, n_p, n, row_off, kv_idx_ptr, fkv_idx_ptr, k_desc, v_desc, k_bufs, v_bufs, ready,
-                      head_row, col)
-        acc = warpgroup_mma(gl.convert_layout(p.to(gl.bfloat16), a_layout), v_bufs.index((n - 1) % STAGES), acc)
-        o = acc / gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))[:, None]
-        _store_tile(o, q_smem, o_desc, head_row + pid_m * BM, col)
-        gl.store(lse_ptr + h * T + rows, (m_i + gl.log2(l_i)) * 0.6931471805599453)
-
-    @gluon.jit
     def _dq_tile(k_buf, v_buf, dq, ctx, kb, MASKED: gl.constexpr):
         """dQ += dS K over one key tile (`_walk`'s tile; ctx (q_op, do_smem, lse2, delta, qk_scale, rows,
-        docs_ptr), q_op Q's tile in shared memory or registers), with P = exp2(S - lse) and dS = P (dO Vᵀ - delta) recomputed (dS rounded to bfloat16 for
-        the product, as FlexAttention's backward rounds it; dQ's scale later). S and dO Vᵀ are issued
-        together (asynchronous), the mask computed while they run."""
+        docs_ptr), q_op Q's tile in registers), with P = exp2(S - lse) and dS = P (dO Vᵀ - delta) recomputed
+        (dS rounded to bfloat16 for the product, as FlexAttention's backward rounds it; dQ's scale later).
+        S and dO Vᵀ are issued together (asynchronous), the mask computed while they run."""
         q_op, do_smem, lse2, delta, qk_scale, rows, docs_ptr = ctx
         s_layout: gl.constexpr = rows.type.layout.parent
         o_layout: gl.constexpr = dq.type.layout
@@ -396,7 +322,7 @@ def _build():
         dp = warpgroup_mma(do_smem, v_buf.permute((1, 0)), zero, use_acc=False, is_async=True)
         if MASKED:
             cols = kb * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
-            ok = _visible(rows, cols, docs_ptr, False)
+            ok = _visible(rows, cols, docs_ptr)
         qk = warpgroup_mma_wait(1, deps=(qk, )) * qk_scale
         if MASKED:
             qk = gl.where(ok, qk, -float("inf"))
@@ -409,10 +335,10 @@ def _build():
     @gluon.jit
     def _attn_dq_kernel(q_desc, k_desc, v_desc, do_desc, o_desc, dq_desc, lse_ptr, delta_ptr, docs_ptr, kv_num_ptr,
                         kv_idx_ptr, fkv_num_ptr, fkv_idx_ptr, T, nbk, head_rows, head_cols, qk_scale, scale,
-                        STAGES: gl.constexpr, Q_REG: gl.constexpr, num_warps: gl.constexpr):
+                        STAGES: gl.constexpr, num_warps: gl.constexpr):
         """dQ of query block program_id(0), head program_id(1): the forward's walk of the key lists; first
-        delta = rowsum(dO · O) of the block, kept in registers and written for the dK/dV kernel. Q_REG: Q
-        in registers as QKᵀ's A operand (`_a_operand`), as in the forward."""
+        delta = rowsum(dO · O) of the block, kept in registers and written for the dK/dV kernel. Q in
+        registers as QKᵀ's A operand (`_a_operand`), as in the forward."""
         BM: gl.constexpr = q_desc.block_type.shape[0]
         D: gl.constexpr = q_desc.block_type.shape[1]
         BN: gl.constexpr = k_desc.block_type.shape[0]
@@ -430,7 +356,7 @@ def _build():
         mbarrier.wait(o_bar, 0)
         delta = _row_dot(do_smem, o_smem, gl.SliceLayout(1, s_layout), num_warps)
         gl.store(delta_ptr + h * T + rows, delta)  # for the dK/dV kernel, launched after this one
-        q_op = _a_operand(q_smem, s_layout, Q_REG)
+        q_op = _a_operand(q_smem, s_layout)
         dq = _walk(_dq_tile, gl.zeros([BM, D], gl.float32, o_layout),
                    (q_op, do_smem, lse2, delta, qk_scale, rows, docs_ptr), n_p, n, row_off, kv_idx_ptr,
                    fkv_idx_ptr, k_desc, v_desc, k_bufs, v_bufs, ready, head_row, col)
@@ -439,43 +365,13 @@ def _build():
     @gluon.jit
     def _dkdv_tile(q_buf, do_buf, acc, ctx, qb, MASKED: gl.constexpr):
         """dV += Pᵀ dO and dK += dSᵀ Q over one query tile (`_walk`'s tile; acc (dk, dv); ctx (k_smem, v_smem,
-        qk_scale, rows, lse_ptr, delta_ptr, docs_ptr, h, T)), Sᵀ = K Qᵀ and dPᵀ = V dOᵀ recomputed in the key
-        block's rows (Pᵀ and dSᵀ rounded to bfloat16 for the products). Sᵀ and dPᵀ are issued together
-        and the tile's lse, delta and mask loaded while they run; dV's product runs while dSᵀ is formed."""
-        dk, dv = acc
-        k_smem, v_smem, qk_scale, rows, lse_ptr, delta_ptr, docs_ptr, h, T = ctx
-        hT = h * T
-        s_layout: gl.constexpr = rows.type.layout.parent
-        o_layout: gl.constexpr = dk.type.layout
-        BN: gl.constexpr = k_smem.shape[0]
-        BM: gl.constexpr = q_buf.shape[0]
-        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-        zero = gl.zeros([BN, BM], gl.float32, s_layout)
-        st = warpgroup_mma(k_smem, q_buf.permute((1, 0)), zero, use_acc=False, is_async=True)
-        dpt = warpgroup_mma(v_smem, do_buf.permute((1, 0)), zero, use_acc=False, is_async=True)
-        cols = qb * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, s_layout))
-        lse2 = gl.load(lse_ptr + hT + cols) * 1.4426950408889634
-        delta = gl.load(delta_ptr + hT + cols)
-        if MASKED:
-            ok = _visible(cols, rows, docs_ptr, True)
-        st = warpgroup_mma_wait(1, deps=(st, )) * qk_scale
-        if MASKED:
-            st = gl.where(ok, st, -float("inf"))
-        pt = gl.exp2(st - lse2[None, :])
-        dv = warpgroup_mma(gl.convert_layout(pt.to(gl.bfloat16), a_layout), do_buf, dv, is_async=True)
-        dpt = warpgroup_mma_wait(1, deps=(dpt, ))
-        dst = gl.convert_layout((pt * (dpt - delta[None, :])).to(gl.bfloat16), a_layout)
-        dk = warpgroup_mma(dst, q_buf, dk, is_async=True)
-        dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))
-        return dk, dv
-
-    @gluon.jit
-    def _dkdv_tile_smem(q_buf, do_buf, acc, ctx, qb, MASKED: gl.constexpr):
-        """`_dkdv_tile` with the tile's 64 lse, delta (and query doc ids) loaded one a thread into shared memory
-        while Sᵀ and dPᵀ run, each read back in the products' layout only where it is used (DKDV_SMEM); ctx
-        (k_smem, v_smem, qk_scale, rows, lse_ptr, delta_ptr, docs_ptr, lse_smem, delta_smem, doc_smem), lse_ptr
-        and delta_ptr at the head's first row. Held in registers from the load, those values cost each
-        thread 16 registers across the products and Triton 3.6 spilled; the arithmetic is `_dkdv_tile`'s."""
+        qk_scale, rows, lse_ptr, delta_ptr, docs_ptr, lse_smem, delta_smem, doc_smem), lse_ptr and delta_ptr at
+        the head's first row), Sᵀ = K Qᵀ and dPᵀ = V dOᵀ recomputed in the key block's rows (Pᵀ and dSᵀ
+        rounded to bfloat16 for the products). Sᵀ and dPᵀ are issued together; while they run the tile's 64
+        lse, delta (and query doc ids) are loaded one a thread into shared memory, each read back in the
+        products' layout only where it is used (held in registers from the load, those values cost each
+        thread 16 registers across the products, and Triton 3.6 spilled). dV's product runs while dSᵀ is
+        formed."""
         dk, dv = acc
         k_smem, v_smem, qk_scale, rows, lse_ptr, delta_ptr, docs_ptr, lse_smem, delta_smem, doc_smem = ctx
         s_layout: gl.constexpr = rows.type.layout.parent
@@ -493,7 +389,7 @@ def _build():
         if MASKED:
             doc_smem.store(gl.load(docs_ptr + one_each))
         st = warpgroup_mma_wait(1, deps=(st, )) * qk_scale
-        if MASKED:  # `_visible` transposed, its causal test as column - qb·BM >= row - qb·BM
+        if MASKED:  # `_visible` on a (k, q) tile, its causal test as column - qb·BM >= row - qb·BM
             doc_k = gl.load(docs_ptr + rows)
             doc_q = doc_smem.load(col_layout)
             ok = (gl.arange(0, BM, layout=col_layout)[None, :] >= (rows - qb * BM)[:, None]) & (
@@ -512,10 +408,10 @@ def _build():
     @gluon.jit
     def _attn_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, docs_ptr,
                           q_num_ptr, q_idx_ptr, fq_num_ptr, fq_idx_ptr, T, nbq, head_rows, head_cols, qk_scale,
-                          scale, STAGES: gl.constexpr, SMEM: gl.constexpr, num_warps: gl.constexpr):
+                          scale, STAGES: gl.constexpr, num_warps: gl.constexpr):
         """dK and dV of key block program_id(0), head program_id(1): a walk of the query blocks that see it
-        (the block mask's q lists: partial, then full), Q and dO through the ring; SMEM: each tile's lse,
-        delta and ids through shared memory (`_dkdv_tile_smem`)."""
+        (the block mask's q lists: partial, then full), Q and dO through the ring, each tile's lse, delta
+        and ids through shared memory (`_dkdv_tile`)."""
         BN: gl.constexpr = k_desc.block_type.shape[0]
         D: gl.constexpr = k_desc.block_type.shape[1]
         BM: gl.constexpr = q_desc.block_type.shape[0]
@@ -529,28 +425,20 @@ def _build():
         rows = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, s_layout))
         dk = gl.zeros([BN, D], gl.float32, o_layout)
         dv = gl.zeros([BN, D], gl.float32, o_layout)
-        if SMEM:
-            vec_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-            ctx = (k_smem, v_smem, qk_scale, rows, lse_ptr + h * T, delta_ptr + h * T, docs_ptr,
-                   gl.allocate_shared_memory(gl.float32, [BM], vec_layout),
-                   gl.allocate_shared_memory(gl.float32, [BM], vec_layout),
-                   gl.allocate_shared_memory(docs_ptr.dtype.element_ty, [BM], vec_layout))
-            mbarrier.wait(kv_bar, 0)
-            dk, dv = _walk(_dkdv_tile_smem, (dk, dv), ctx, n_p, n, row_off, q_idx_ptr, fq_idx_ptr, q_desc, do_desc,
-                           q_bufs, do_bufs, ready, head_row, col)
-        else:
-            mbarrier.wait(kv_bar, 0)
-            dk, dv = _walk(_dkdv_tile, (dk, dv), (k_smem, v_smem, qk_scale, rows, lse_ptr, delta_ptr, docs_ptr, h,
-                                                  T), n_p, n, row_off, q_idx_ptr, fq_idx_ptr, q_desc, do_desc,
-                           q_bufs, do_bufs, ready, head_row, col)
+        vec_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+        ctx = (k_smem, v_smem, qk_scale, rows, lse_ptr + h * T, delta_ptr + h * T, docs_ptr,
+               gl.allocate_shared_memory(gl.float32, [BM], vec_layout),
+               gl.allocate_shared_memory(gl.float32, [BM], vec_layout),
+               gl.allocate_shared_memory(docs_ptr.dtype.element_ty, [BM], vec_layout))
+        mbarrier.wait(kv_bar, 0)
+        dk, dv = _walk(_dkdv_tile, (dk, dv), ctx, n_p, n, row_off, q_idx_ptr, fq_idx_ptr, q_desc, do_desc,
+                       q_bufs, do_bufs, ready, head_row, col)
         _store_tile(dv, v_smem, dv_desc, head_row + pid_n * BN, col)
         _store_tile(dk * scale, k_smem, dk_desc, head_row + pid_n * BN, col)
 
     # module globals too: `triton_bundle` finds a speedrun module's kernels there for the portable cache
     _fwd_kernel, _dq_kernel, _dkdv_kernel = _attn_fwd_kernel, _attn_dq_kernel, _attn_dkdv_kernel
-    _fwd_overlap_kernel = _attn_fwd_overlap_kernel
-    _KERNEL = {"fwd": _attn_fwd_kernel, "fwd_overlap": _attn_fwd_overlap_kernel, "dq": _attn_dq_kernel,
-               "dkdv": _attn_dkdv_kernel}
+    _KERNEL = {"fwd": _attn_fwd_kernel, "dq": _attn_dq_kernel, "dkdv": _attn_dkdv_kernel}
     return _KERNEL
 
 
@@ -625,14 +513,14 @@ def launch_forward(q: Tensor, k: Tensor, v: Tensor, docs: Tensor, lists: tuple[T
     lse (1, H, T) float32 in natural log."""
     check_inputs(q, k, v, docs)
     cfg = config(cfg)
-    kernel = _build()["fwd_overlap" if cfg["OVERLAP"] else "fwd"]
+    kernel = _build()["fwd"]
     _, h, t, _ = q.shape
     out, lse = _like_q(q), torch.empty(1, h, t, dtype=torch.float32, device=q.device)
     descs, head_rows, head_cols = _descriptors([(q, "q"), (k, "k"), (v, "v"), (out, "out")])
     kv_num, kv_idx, fkv_num, fkv_idx = lists[:4]
     kernel[(t // BLOCK, h)](*descs, lse, docs, kv_num, kv_idx, fkv_num, fkv_idx, t, kv_idx.shape[1],
                             head_rows, head_cols, scale * math.log2(math.e),
-                            STAGES=cfg["STAGES"], Q_REG=cfg["Q_REG"], num_warps=cfg["num_warps"])
+                            STAGES=cfg["STAGES"], num_warps=cfg["num_warps"])
     return out, lse
 
 
@@ -665,10 +553,10 @@ def launch_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse:
     kv_num, kv_idx, fkv_num, fkv_idx, q_num, q_idx, fq_num, fq_idx = lists
     kernel["dq"][(t // BLOCK, h)](*descs[:4], o_d, dq_d, lse, delta, docs, kv_num, kv_idx, fkv_num, fkv_idx, t,
                                   kv_idx.shape[1], head_rows, head_cols, qk_scale, scale,
-                                  STAGES=cfg["STAGES"], Q_REG=cfg["DQ_Q_REG"], num_warps=cfg["num_warps"])
+                                  STAGES=cfg["STAGES"], num_warps=cfg["num_warps"])
     kernel["dkdv"][(t // BLOCK, h)](*descs[:4], dk_d, dv_d, lse, delta, docs, q_num, q_idx, fq_num, fq_idx, t,
                                     q_idx.shape[1], head_rows, head_cols, qk_scale, scale,
-                                    STAGES=cfg["STAGES"], SMEM=cfg["DKDV_SMEM"], num_warps=cfg["num_warps"])
+                                    STAGES=cfg["STAGES"], num_warps=cfg["num_warps"])
     return dq, dk, dv
 
 
@@ -723,55 +611,48 @@ def reference_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, docs: Tensor
 
 
 @torch.library.custom_op("speedrun::attn_gluon", mutates_args=())
-def attn_gluon_op(q: Tensor, k: Tensor, v: Tensor, docs: Tensor, lists: list[Tensor], scale: float,
-                  overlap: bool, q_regs: bool, dq_q_regs: bool, dkdv_smem: bool) -> tuple[Tensor, Tensor]:
-    """(o, lse) of `launch_forward` (overlap, q_regs: CONFIG's OVERLAP and Q_REG; dq_q_regs, dkdv_smem:
-    DQ_Q_REG and DKDV_SMEM, for the backward); opaque to the compiler, with a fake and an autograd formula."""
-    return launch_forward(q, k, v, docs, tuple(lists), scale, {"OVERLAP": int(overlap), "Q_REG": int(q_regs)})
+def attn_gluon_op(q: Tensor, k: Tensor, v: Tensor, docs: Tensor, lists: list[Tensor],
+                  scale: float) -> tuple[Tensor, Tensor]:
+    """(o, lse) of `launch_forward`; opaque to the compiler, with a fake and an autograd formula."""
+    return launch_forward(q, k, v, docs, tuple(lists), scale)
 
 
 @attn_gluon_op.register_fake
-def _(q, k, v, docs, lists, scale, overlap, q_regs, dq_q_regs, dkdv_smem):
+def _(q, k, v, docs, lists, scale):
     return _like_q(q), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
 @torch.library.custom_op("speedrun::attn_gluon_backward", mutates_args=())
 def attn_gluon_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, docs: Tensor,
-                        lists: list[Tensor], scale: float, dq_q_regs: bool,
-                        dkdv_smem: bool) -> tuple[Tensor, Tensor, Tensor]:
-    """(dq, dk, dv) of `launch_backward` (dq_q_regs, dkdv_smem: CONFIG's DQ_Q_REG and DKDV_SMEM)."""
-    return launch_backward(do, q, k, v, o, lse, docs, tuple(lists), scale,
-                           {"DQ_Q_REG": int(dq_q_regs), "DKDV_SMEM": int(dkdv_smem)})
+                        lists: list[Tensor], scale: float) -> tuple[Tensor, Tensor, Tensor]:
+    """(dq, dk, dv) of `launch_backward`."""
+    return launch_backward(do, q, k, v, o, lse, docs, tuple(lists), scale)
 
 
 @attn_gluon_backward.register_fake
-def _(do, q, k, v, o, lse, docs, lists, scale, dq_q_regs, dkdv_smem):
+def _(do, q, k, v, o, lse, docs, lists, scale):
     return _like_q(q), _like_q(q), _like_q(q)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, docs, lists, scale, _overlap, _q_regs, dq_q_regs, dkdv_smem = inputs
+    q, k, v, docs, lists, scale = inputs
     ctx.save_for_backward(q, k, v, output[0], output[1], docs, *lists)
-    ctx.scale, ctx.num_lists, ctx.backward_variants = scale, len(lists), (dq_q_regs, dkdv_smem)
+    ctx.scale, ctx.num_lists = scale, len(lists)
 
 
 def _backward(ctx, do, _dlse):
     q, k, v, o, lse, docs, *lists = ctx.saved_tensors
-    dq, dk, dv = torch.ops.speedrun.attn_gluon_backward(do, q, k, v, o, lse, docs, lists, ctx.scale,
-                                                        *ctx.backward_variants)
-    return dq, dk, dv, None, [None] * ctx.num_lists, None, None, None, None, None
+    dq, dk, dv = torch.ops.speedrun.attn_gluon_backward(do, q, k, v, o, lse, docs, lists, ctx.scale)
+    return dq, dk, dv, None, [None] * ctx.num_lists, None
 
 
 attn_gluon_op.register_autograd(_backward, setup_context=_setup_context)
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, docs: Tensor, lists: tuple[Tensor, ...], scale: float,
-              overlap: bool = False, q_regs: bool = False, dq_q_regs: bool = False, dkdv_smem: bool = False) -> Tensor:
-    """The record's attention output (1, H, T, D) through the Gluon kernels, differentiable in q, k, v;
-    overlap, q_regs: the forward's OVERLAP and Q_REG variants; dq_q_regs: the dQ kernel's (DQ_Q_REG);
-    dkdv_smem: the dK/dV kernel's (DKDV_SMEM)."""
-    return torch.ops.speedrun.attn_gluon(q, k, v, docs, list(lists), scale, overlap, q_regs, dq_q_regs,
-                                         dkdv_smem)[0]
+def attention(q: Tensor, k: Tensor, v: Tensor, docs: Tensor, lists: tuple[Tensor, ...], scale: float) -> Tensor:
+    """The record's attention output (1, H, T, D) through the Gluon kernels, differentiable in q, k, v; docs
+    int32 or int64 (`attention.narrow_ids`)."""
+    return torch.ops.speedrun.attn_gluon(q, k, v, docs, list(lists), scale)[0]
 
 
 # --------------------------------------------------------------------------- offline compile (no GPU)
@@ -781,9 +662,9 @@ _SCALARS = {"T": "i32", "nbk": "i32", "nbq": "i32", "head_rows": "i32", "head_co
             "scale": "fp32"}
 
 
-def compile_offline(which: str = "fwd", cfg: dict | None = None, head_dim: int = 128, docs_dtype: str = "i64"):
-    """Compile kernel `which` ("fwd", "dq", "dkdv") for sm_90 without a GPU (Triton's bundled ptxas); the
-    CompiledKernel."""
+def compile_offline(which: str = "fwd", cfg: dict | None = None, head_dim: int = 128, docs_dtype: str = "i32"):
+    """Compile kernel `which` ("fwd", "dq", "dkdv") for sm_90 without a GPU (Triton's bundled ptxas), the
+    document ids as `docs_dtype` ("i32", the model's where they fit, or "i64"); the CompiledKernel."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -793,12 +674,6 @@ def compile_offline(which: str = "fwd", cfg: dict | None = None, head_dim: int =
     layout = gl.NVMMASharedLayout.get_default_for([BLOCK, head_dim], gl.bfloat16)
     desc = f"tensordesc<bf16[{BLOCK}, {head_dim}],{layout!r}>"
     consts = {"STAGES": cfg["STAGES"], "num_warps": cfg["num_warps"]}
-    if which.startswith("fwd"):
-        consts["Q_REG"] = cfg["Q_REG"]
-    elif which == "dq":
-        consts["Q_REG"] = cfg["DQ_Q_REG"]
-    else:
-        consts["SMEM"] = cfg["DKDV_SMEM"]
     signature = {}
     for name in kernel.arg_names:
         if name in consts:

@@ -1,4 +1,4 @@
-"""The CE's gradient pass writing the e5m2 gradient in both layouts, in Gluon (`model.ce_transposed`).
+"""The CE's gradient pass writing the e5m2 gradient in both layouts, in Gluon (`softcap_ce.launch_transposed`).
 
 grad_w's FP8 product needs the head's gradient g (tokens x vocabulary, e5m2) with the tokens
 contiguous. Without this kernel the backward copies g transposed (`transpose.py`: 2.47 GB read and
@@ -10,14 +10,17 @@ CPT = 8 consecutive columns of row 4j + r, TPC = 8 threads side by side along th
 - z: one 16-byte load a row (bf16 x 8), 128 bytes a row per warp instruction;
 - g row-major: the row's 8 e5m2 bytes as one 8-byte store, 64 bytes a row per warp instruction;
 - g^T: rows 4j..4j+3 of one column are four consecutive bytes of g^T, one 32-bit word, built from the
-  four row sets' values by two `cvt.rn.satfinite.e5m2x2.f32` (`softcap_ce._e5m2_word`'s PTX, the
-  conversion Triton's own float8 cast uses, so its bytes are g's). One layout conversion (through
+  four row sets' values by two `cvt.rn.satfinite.e5m2x2.f32` (`_word`: the conversion Triton's own
+  float8 cast uses, so its bytes are g's). One layout conversion (through
   shared memory) hands each thread four words of one column, stored as 16 bytes: 128 bytes a column
   per warp instruction, whole cache lines.
 Measured on an H200 (4f2d00e, 2026-12-02; docs/performance.md): storing the words straight from the
 compute layout (32 bytes a column per warp, no shared memory at all) ran at 1.5 TB/s, 6.2-6.8 ms a
 call; narrower rows or columns per warp instruction were slower still, and loading the next step's z
-ahead (registers 106 -> 171) was slower. This form: 3.02-3.04 ms, the lean kernel and the copy 3.04.
+ahead (registers 106 -> 171) was slower. This form: 3.02-3.04 ms, the lean kernel and the copy 3.04;
+in full runs on a power-capped H200 the step ran at a higher clock with it (580.7 / 581.3 against
+584.0 / 584.9 / 583.5 ms/step, 4f2d00e), so it is the head's path on Hopper GPUs; other GPUs run the
+lean kernel and the copy.
 
 The math is the lean kernel's gradient pass (`softcap_ce._softcap_ce_lean_kernel`) exactly: the same
 sigmoid pairs (column c with c + HALF, HALF = half the lean kernel's BLOCK_V, sharing one hardware

@@ -1,13 +1,14 @@
 """Choosing between a fused Triton kernel and its PyTorch reference.
 
-Each fused-kernel module (`softcap_ce`, `attn_inputs`, `transpose`, `embeddings`, ...) offers the same three
+Each fused-kernel module (`softcap_ce`, `attn_inputs`, `transpose`, `embed_rows`, ...) offers the same three
 implementations: "torch" (the reference the tests hold the kernel to),
 "triton" (the kernel: CUDA, or a CPU under TRITON_INTERPRET=1) and "auto"
 (the kernel for CUDA tensors when Triton is installed, the reference
 otherwise). Triton is looked up here, never imported: `TRITON_FOUND` is a
 constant for Dynamo, and the kernels are built on their first use, so
 TRITON_INTERPRET=1 set before that use runs them through Triton's
-interpreter (the CPU tests do this in a subprocess).
+interpreter (the CPU tests do this in a subprocess). The model passes the run's choice
+(`train.kernels`, resolved by `table.impl`): "auto", or "torch" for the references.
 """
 
 from __future__ import annotations

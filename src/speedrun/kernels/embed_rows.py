@@ -1,4 +1,4 @@
-"""The embedding tables' gradients added into the step's sums row by row (`model.embed_kernel=rows`).
+"""The embedding tables' gradients added into the step's sums row by row (`embeddings.lookups`).
 
 Inductor's dense embedding backward, in every micro-step and for each of the record's four (V, D)
 tables: fill a float32 (V, D) buffer with zeros (154 MB at V = 50,304, D = 768), add each token's
@@ -7,7 +7,7 @@ whole buffer again to round it to bfloat16 and add it into the step's sum. About
 step on one GPU, although a micro-step's 49,152 tokens touch only some of the rows (8,521 of the
 50,304 on average, a sixth, over 200 micro-steps of the proxy's first shard).
 
-With `train.grad_accum=inplace` the sums are buffers kept for the run, and then the dense table is not
+A trainer keeps the sums as buffers for the run (`train/grad_accum.py`), and then the dense table is not
 needed. Here each table gets a float32 scratch table of its own, also kept for the run and zero between
 micro-steps, and its lookup's backward (`_LookupInto`) does two things:
 1. it adds the gradient rows into the scratch table: on the GPU by `index_put_(accumulate=True)`, which
@@ -48,16 +48,17 @@ TOTAL_DTYPES = (torch.bfloat16, torch.float32)
 KERNEL_CONFIG = {"BLOCK_T": 16, "BLOCK_D": 256, "num_warps": 4}
 
 
-def lookup_into(tokens: Tensor, table: Tensor, total: Tensor, scratch: Tensor) -> Tensor:
+def lookup_into(tokens: Tensor, table: Tensor, total: Tensor, scratch: Tensor, impl: str = "auto") -> Tensor:
     """F.embedding(tokens, table), whose backward adds the table's gradient into `total` in place (with
-    the float32 `scratch`, zero on entry and again on exit) and gives the table none."""
-    return _LookupInto.apply(tokens, table, total, scratch)
+    the float32 `scratch`, zero on entry and again on exit) and gives the table none; impl: `add_rows_`'s."""
+    return _LookupInto.apply(tokens, table, total, scratch, impl)
 
 
 class _LookupInto(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tokens: Tensor, table: Tensor, total: Tensor, scratch: Tensor) -> Tensor:
+    def forward(ctx, tokens: Tensor, table: Tensor, total: Tensor, scratch: Tensor, impl: str) -> Tensor:
         ctx.save_for_backward(tokens, total, scratch)
+        ctx.impl = impl
         return F.embedding(tokens, table)
 
     @staticmethod
@@ -69,8 +70,8 @@ class _LookupInto(torch.autograd.Function):
             scratch.index_add_(0, flat, rows)
         else:
             scratch.index_put_((flat,), rows, accumulate=True)
-        torch.ops.speedrun.add_rows_(flat, scratch, total)
-        return None, None, None, None
+        torch.ops.speedrun.add_rows_(flat, scratch, total, ctx.impl)
+        return None, None, None, None, None
 
 
 def _check(tokens: Tensor, scratch: Tensor, total: Tensor) -> None:
@@ -87,18 +88,18 @@ def _check(tokens: Tensor, scratch: Tensor, total: Tensor) -> None:
 
 
 @torch.library.custom_op("speedrun::add_rows_", mutates_args=("scratch", "total"))
-def add_rows_(tokens: Tensor, scratch: Tensor, total: Tensor) -> None:
+def add_rows_(tokens: Tensor, scratch: Tensor, total: Tensor, impl: str = "auto") -> None:
     """For each distinct row v of tokens: total[v] += scratch[v] (as `grad_accum.add_gradient` adds a
     gradient rounded to total's dtype), then scratch[v] = 0. Other rows are not read or written."""
     _check(tokens, scratch, total)
-    if pick_impl(tokens) == "triton":
+    if pick_impl(tokens, impl) == "triton":
         launch(tokens, scratch, total)
     else:
         reference(tokens, scratch, total)
 
 
 @add_rows_.register_fake
-def _(tokens, scratch, total):
+def _(tokens, scratch, total, impl="auto"):
     return None
 
 

@@ -1,11 +1,19 @@
-"""FlexAttention's backward tiles when the block mask is finer than torch's defaults.
+"""FlexAttention's tiles: the kernel options the model passes, and backward tiles for a block mask finer
+than torch's defaults.
+
+`FLEX_OPTIONS` are the kernel options of every FlexAttention call (`attention.flex_attention`): tile
+sizes only, the same function on another schedule, the best of sweeps on an H200 at the record's shapes.
+Forward (scripts/bench/flex_sweep.py): 64x64 tiles, 19.4 against 22.3 ms a step for torch's 128x64
+(dd6597f). Backward, on the 64-token mask (scripts/bench/flex_mask_bench.py): (M1, N1, M2, N2) = (32, 64,
+64, 32), 4 warps, 4 stages; forward + backward 69.0 ms a step against 79.2 for torch's (64, 128, 128, 64)
+on 128-token blocks (72dcb66). Every tile divides the mask's 64-token blocks (`attention.MASK_BLOCK`).
 
 Inductor checks each backward tile configuration from its heuristics against
 the block mask's block size *before* it applies the caller's kernel options:
 a configuration whose tiles do not divide the mask's blocks is dropped. On an
 H100/H200 with head dimension 128 torch's only default is (BLOCK_M1, BLOCK_N1,
-BLOCK_M2, BLOCK_N2) = (64, 128, 128, 64), so a 64-token block mask
-(`attention.sparse_block=64`) leaves no configuration at all and the compile
+BLOCK_M2, BLOCK_N2) = (64, 128, 128, 64), so the model's 64-token block mask
+(`attention.MASK_BLOCK`) leaves no configuration at all and the compile
 fails, whatever `bwd_BLOCK_*` options are passed.
 
 Inductor has a documented hook for out-of-tree heuristics: its `InductorChoices`
@@ -18,8 +26,8 @@ have fixed already, if anything compiled a backward earlier in the process). `Fi
 configurations that fit the mask and, when none does, offers torch's first one
 with every tile clipped to the mask's block; the caller's `bwd_*` kernel
 options then override it as usual. It changes which tiles run, never what is
-computed. Only `use_sparse_block` installs it, and only for a block finer than
-128 tokens, so the default path's compiles (and their cache keys) are torch's.
+computed. Only `use_sparse_block` installs it (the trainer calls it where
+FlexAttention runs), and only for a mask finer than the window's blocks.
 """
 
 from __future__ import annotations
@@ -33,6 +41,10 @@ try:  # Inductor is part of torch; the import is guarded only for unusual builds
     from torch._inductor.choices import InductorChoices
 except ImportError:  # pragma: no cover
     InductorChoices = object
+
+FLEX_OPTIONS = {"fwd_BLOCK_M": 64, "fwd_BLOCK_N": 64, "fwd_num_warps": 4, "fwd_num_stages": 3,
+                "bwd_BLOCK_M1": 32, "bwd_BLOCK_N1": 64, "bwd_BLOCK_M2": 64, "bwd_BLOCK_N2": 32,
+                "bwd_num_warps": 4, "bwd_num_stages": 4}
 
 
 def fits(config, sparse_block: int) -> bool:

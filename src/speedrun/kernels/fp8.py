@@ -48,7 +48,7 @@ def quantize_input(x: Tensor, x_s: float) -> Tensor:
 def quantize_weight(w: Tensor, w_s: float) -> tuple[Tensor, Tensor]:
     """w / w_s in float8_e4m3fn, as `quantize` makes it, and its transposed copy (K, M), the layout
     grad_x's product reads: both depend on the weight alone, so a trainer may make them once a step
-    (`train.head_once`) and hand them to the fused head (`head.fp8_softcap_ce`'s w_q, w_qt)."""
+    (once a step, by the trainer) and hand them to the fused head (`head.fp8_softcap_ce`'s w_q, w_qt)."""
     w_f8 = w.div(w_s).to(torch.float8_e4m3fn)
     return w_f8, w_f8.T.contiguous()
 

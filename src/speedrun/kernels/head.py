@@ -15,28 +15,35 @@ the gradient's scale and cast to e5m2: the backward's FP8 operand, one byte
 an element, so no bfloat16 gradient is written or read again. The op returns
 the *summed* loss, so its upstream gradient is one scalar g, and
 (dL/dz * g) / grad_s in e5m2 becomes (dL/dz / grad_s) in e5m2 with g folded
-into the FP8 products' scale. The backward then only makes the transposed
-e5m2 copy that grad_w's product needs (`transpose.transpose_copy`) and runs the two products. Same
+into the FP8 products' scale. The backward then only runs the two products
+(grad_w's from the transposed gradient: see below for who writes it). Same
 equations as the two-op path (a test holds them together); the roundings
 differ: one e5m2 rounding of the float32 gradient instead of bfloat16
 roundings of dL/dz * g before it.
 
 `head_loss` picks the path: the fused op when `use_fp8` and the CE kernel
 resolves to "triton"; otherwise the two ops (each with its own reference).
-Inside the fused op, `head_kernel` picks the forward product: cuBLAS's, or on
-a Hopper GPU `head_gluon`'s, which gives the same z and also writes the lean
-CE kernel's row sums, so that the CE kernel makes one pass over z, not two.
+Inside the fused op the forward product is `head_gluon`'s on a capability-9.0
+GPU (`use_gluon`): the same z as cuBLAS's, and the lean CE kernel's row sums
+with it, so that the CE kernel makes one pass over z, not two (599.4 -> 595.0 /
+595.9 ms a step in full runs on one H200, 2c51899, 2026-12-01). Elsewhere, or
+where the Gluon kernel does not compile, it is cuBLAS's (`torch._scaled_mm`),
+which stays the reference the Gluon kernel is held to in the tests. Where the
+lean CE kernel applies (the record's sigmoid form) the forward also hands over
+the transposed e5m2 gradient (`softcap_ce.launch_transposed`: on Hopper GPUs
+written by the CE's gradient pass itself, `ce_grad_gluon`; elsewhere the
+transposed copy); for the other forms the backward makes the copy
+(`transpose.transpose_copy`).
 
 The weight's FP8 operands (w / w_s in e4m3 and its transposed copy for grad_x)
 depend on the weight alone; `quantize_weight` makes them apart, and the op
 takes them as w_q, w_qt instead of making them in each micro-step
-(`train.head_once`: once a step, by the trainer).
+(once a step, by the trainer).
 """
 
 from __future__ import annotations
 
 import math
-import warnings
 
 import torch
 from torch import Tensor
@@ -61,19 +68,14 @@ def x_scale(dim: int) -> float:
 
 
 def head_loss(x: Tensor, w: Tensor, targets: Tensor, cap: float, form: str, ce_impl: str, use_fp8: bool,
-              ce_math: str = "precise", head_kernel: str = "cublas", ce_transposed: bool = False,
-              head_rowsums: str = "split", w_q: tuple[Tensor, Tensor] | None = None) -> Tensor:
+              w_q: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """sum over tokens of CE(softcap(x @ w^T), targets), a float32 scalar; x (..., K), w (M, K);
-    ce_math: the CE kernel's sigmoid (`softcap_ce.MATHS`); head_kernel: the fused op's forward product
-    ("cublas", "gluon" or "auto": `use_gluon`); ce_transposed: the CE writes the transposed gradient
-    too (`transposed_applies`); head_rowsums: which warps of the Gluon kernel sum the CE's first pass
-    ("epilogue", "split" or "consumers": `head_gluon.rowsum_config`); w_q: `quantize_weight(w)`, made by
-    the caller (once a step, `train.head_once`), which the fused op then uses instead of quantising w
-    itself; the two-op path quantises as always."""
+    w_q: `quantize_weight(w)`, made by the caller (once a step, by the trainer), which the fused op
+    then uses instead of quantising w itself; the two-op path quantises as always."""
     if not fused_available(use_fp8, x, ce_impl):
         z = fp8.head_matmul(x, w, use_fp8)
-        return softcap_ce.softcap_cross_entropy(z, targets, cap, form, ce_impl, ce_math)
-    softcap_ce.check(form, ce_impl, ce_math)
+        return softcap_ce.softcap_cross_entropy(z, targets, cap, form, ce_impl)
+    softcap_ce.check(form, ce_impl)
     flat = x.reshape(-1, x.shape[-1]).contiguous()
     x_s = x_scale(x.shape[-1])
     form = "none" if not cap else form
@@ -81,7 +83,7 @@ def head_loss(x: Tensor, w: Tensor, targets: Tensor, cap: float, form: str, ce_i
     w_f8, w_f8_t = (None, None) if w_q is None else w_q
     return torch.ops.speedrun.fp8_softcap_ce(
         flat, w.contiguous(), targets.reshape(-1), float(cap), form, x_s, fp8.W_SCALE, fp8.GRAD_SCALE, want_grad,
-        ce_math, head_kernel, ce_transposed, head_rowsums, w_f8, w_f8_t)[0]
+        w_f8, w_f8_t)[0]
 
 
 def quantize_weight(w: Tensor) -> tuple[Tensor, Tensor]:
@@ -90,39 +92,49 @@ def quantize_weight(w: Tensor) -> tuple[Tensor, Tensor]:
     return fp8._compiled(fp8.quantize_weight, w)(w, fp8.W_SCALE)
 
 
-def use_gluon(x: Tensor, w: Tensor, head_kernel: str) -> bool:
-    """The Gluon forward (`head_gluon`) for these operands: asked for ("gluon" or "auto"), a
-    capability-9.0 GPU (its wgmma is Hopper's alone), shapes TMA can describe, Gluon importable."""
-    if head_kernel not in ("gluon", "auto") or not x.is_cuda:
-        return False
-    if not head_gluon.supports(x.shape[-1], w.shape[0]):
+def use_gluon(x: Tensor, w: Tensor) -> bool:
+    """The Gluon forward (`head_gluon`) for these operands: a capability-9.0 GPU (its wgmma is Hopper's
+    alone), shapes TMA can describe, Gluon importable."""
+    if not x.is_cuda or not head_gluon.supports(x.shape[-1], w.shape[0]):
         return False
     index = x.device.index if x.device.index is not None else torch.cuda.current_device()
     return torch.cuda.get_device_capability(index) == (9, 0) and head_gluon.available()
 
 
-def _forward(x: Tensor, w: Tensor, cap: float, form: str, x_s: float, w_s: float, grad_mul: float, ce_math: str,
-             head_kernel: str, head_rowsums: str = "split", w_f8: Tensor | None = None
-             ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+def _forward(x: Tensor, w: Tensor, cap: float, form: str, x_s: float, w_s: float, grad_mul: float,
+             w_f8: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """z, the FP8 operands, and the CE kernel's row sums where the Gluon kernel wrote them (None: the
-    CE kernel makes its own first pass). cuBLAS's product where the Gluon kernel is not used or fails.
-    w_f8: w already quantised (`quantize_weight`), returned as the weight operand."""
-    if use_gluon(x, w, head_kernel):
-        if w_f8 is None:
-            x_f8, w_f8 = fp8._compiled(fp8.quantize, x)(x, w, x_s, w_s)
-        else:
-            x_f8 = fp8._compiled(fp8.quantize_input, x)(x, x_s)
-        z = x.new_empty((x.shape[0], w.shape[0]), dtype=torch.bfloat16)
-        rowsums = None
-        cfg = head_gluon.rowsum_config(head_rowsums)
-        if softcap_ce.lean_applies(form, cap, ce_math, grad_mul):
-            rowsums = x.new_empty((x.shape[0], head_gluon.rowsum_tiles(w.shape[0], cfg)), dtype=torch.float32)
-        scale = fp8._scale(x, x_s) * fp8._scale(x, w_s)  # float32, as cuBLAS's scale_a * scale_b
-        if head_gluon.try_launch(x_f8, w_f8, scale, z, rowsums, cap, cfg=cfg):
-            return z, x_f8, w_f8, rowsums
-    elif head_kernel == "gluon" and x.is_cuda:
-        warnings.warn("head_kernel 'gluon' needs a capability-9.0 GPU, Triton's Gluon and K % 16 == 0, "
-                      "N % 8 == 0; using cuBLAS", RuntimeWarning, stacklevel=2)
+    CE kernel makes its own first pass). The Gluon product where `use_gluon`, cuBLAS's elsewhere or
+    where the Gluon kernel fails. w_f8: w already quantised (`quantize_weight`), returned as the weight
+    operand."""
+    if use_gluon(x, w):
+        out = _gluon_forward(x, w, cap, form, x_s, w_s, grad_mul, w_f8)
+        if out is not None:
+            return out
+    return _cublas_forward(x, w, x_s, w_s, w_f8)
+
+
+def _gluon_forward(x: Tensor, w: Tensor, cap: float, form: str, x_s: float, w_s: float, grad_mul: float,
+                   w_f8: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor | None] | None:
+    """`_forward` by `head_gluon`, with the row sums where the lean CE kernel will read them; None where
+    the kernel cannot be compiled here (`head_gluon.try_launch`)."""
+    if w_f8 is None:
+        x_f8, w_f8 = fp8._compiled(fp8.quantize, x)(x, w, x_s, w_s)
+    else:
+        x_f8 = fp8._compiled(fp8.quantize_input, x)(x, x_s)
+    z = x.new_empty((x.shape[0], w.shape[0]), dtype=torch.bfloat16)
+    rowsums = None
+    if softcap_ce.lean_applies(form, cap, grad_mul):
+        rowsums = x.new_empty((x.shape[0], head_gluon.rowsum_tiles(w.shape[0])), dtype=torch.float32)
+    scale = fp8._scale(x, x_s) * fp8._scale(x, w_s)  # float32, as cuBLAS's scale_a * scale_b
+    if not head_gluon.try_launch(x_f8, w_f8, scale, z, rowsums, cap):
+        return None
+    return z, x_f8, w_f8, rowsums
+
+
+def _cublas_forward(x: Tensor, w: Tensor, x_s: float, w_s: float, w_f8: Tensor | None
+                    ) -> tuple[Tensor, Tensor, Tensor, None]:
+    """`_forward` by cuBLAS's product (`torch._scaled_mm`), compiled with the quantisation; no row sums."""
     if w_f8 is not None:
         z, x_f8 = fp8._compiled(fp8._forward_quantized_w, x)(x, w_f8, x_s, w_s)
         return z, x_f8, w_f8, None
@@ -130,28 +142,25 @@ def _forward(x: Tensor, w: Tensor, cap: float, form: str, x_s: float, w_s: float
     return z, x_f8, w_f8, None
 
 
-def transposed_applies(want_grad: bool, cap: float, form: str, ce_math: str, grad_s: float, ce_transposed: bool) -> bool:
+def transposed_applies(want_grad: bool, cap: float, form: str, grad_s: float) -> bool:
     """Does the fused op's CE write the transposed gradient too (`softcap_ce.launch_transposed`)?"""
-    return want_grad and ce_transposed and form == "sigmoid" and softcap_ce.lean_applies(form, cap, ce_math, 1.0 / grad_s)
+    return want_grad and softcap_ce.lean_applies(form, cap, 1.0 / grad_s)
 
 
 @torch.library.custom_op("speedrun::fp8_softcap_ce", mutates_args=())
 def fp8_softcap_ce(
     x: Tensor, w: Tensor, targets: Tensor, cap: float, form: str, x_s: float, w_s: float, grad_s: float,
-    want_grad: bool, ce_math: str = "precise", head_kernel: str = "cublas", ce_transposed: bool = False,
-    head_rowsums: str = "split", w_q: Tensor | None = None, w_qt: Tensor | None = None,
+    want_grad: bool, w_q: Tensor | None = None, w_qt: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """The summed loss (0-d float32), dL/dz / grad_s (N, M) in float8_e5m2 ((0,) without want_grad),
     the FP8 operands of the product (the weight's (0,) where w_q gives it: w_q and w_qt, `quantize_weight(w)`,
     are then the backward's; w itself is not read), and the gradient transposed (M, N) where
     `transposed_applies` ((0,) elsewhere: the backward then makes its own transposed copy)."""
-    z, x_f8, w_f8, rowsums = _forward(x, w, cap, form, x_s, w_s, 1.0 / grad_s, ce_math, head_kernel, head_rowsums,
-                                      w_q)
-    if transposed_applies(want_grad, cap, form, ce_math, grad_s, ce_transposed):
+    z, x_f8, w_f8, rowsums = _forward(x, w, cap, form, x_s, w_s, 1.0 / grad_s, w_q)
+    if transposed_applies(want_grad, cap, form, grad_s):
         losses, g_f8, g_f8_t = softcap_ce.launch_transposed(z, targets, cap, torch.float8_e5m2, 1.0 / grad_s, rowsums)
     else:
-        losses, g_f8 = softcap_ce.launch(z, targets, cap, form, want_grad, torch.float8_e5m2, 1.0 / grad_s, ce_math,
-                                         rowsums)
+        losses, g_f8 = softcap_ce.launch(z, targets, cap, form, want_grad, torch.float8_e5m2, 1.0 / grad_s, rowsums)
         g_f8_t = g_f8.new_empty((0,))
     if w_q is not None:  # an op's output may not be its input
         w_f8 = w_q.new_empty((0,))
@@ -159,12 +168,11 @@ def fp8_softcap_ce(
 
 
 @fp8_softcap_ce.register_fake
-def _(x, w, targets, cap, form, x_s, w_s, grad_s, want_grad, ce_math="precise", head_kernel="cublas",
-      ce_transposed=False, head_rowsums="split", w_q=None, w_qt=None):
+def _(x, w, targets, cap, form, x_s, w_s, grad_s, want_grad, w_q=None, w_qt=None):
     N, M = x.shape[0], w.shape[0]
     loss = x.new_empty((), dtype=torch.float32)
     g_f8 = x.new_empty((N, M) if want_grad else (0,), dtype=torch.float8_e5m2)
-    transposed = transposed_applies(want_grad, cap, form, ce_math, grad_s, ce_transposed)
+    transposed = transposed_applies(want_grad, cap, form, grad_s)
     g_f8_t = x.new_empty((M, N) if transposed else (0,), dtype=torch.float8_e5m2)
     w_f8 = w.to(torch.float8_e4m3fn) if w_q is None else w.new_empty((0,), dtype=torch.float8_e4m3fn)
     return loss, g_f8, x.to(torch.float8_e4m3fn), w_f8, g_f8_t
@@ -173,7 +181,7 @@ def _(x, w, targets, cap, form, x_s, w_s, grad_s, want_grad, ce_math="precise", 
 def _setup_context(ctx, inputs, output):
     _, g_f8, x_f8, w_f8, g_f8_t = output
     ctx.mark_non_differentiable(g_f8, x_f8, w_f8, g_f8_t)
-    w_q, w_qt = inputs[13:15] if len(inputs) > 13 else (None, None)
+    w_q, w_qt = inputs[9:11] if len(inputs) > 9 else (None, None)
     if w_q is not None:
         w_f8 = w_q
     ctx.save_for_backward(g_f8, x_f8, w_f8, g_f8_t, w_qt)
@@ -187,7 +195,7 @@ def _backward(ctx, g_loss, *_):
     g_f8, x_f8, w_f8, g_f8_t, w_f8_t = ctx.saved_tensors
     grad_x, grad_w = torch.ops.speedrun.fp8_mm_backward_prequantized(g_f8, g_loss, x_f8, w_f8, *ctx.scales, g_f8_t,
                                                                      w_f8_t)
-    return (grad_x, grad_w) + (None,) * 13  # targets ... w_qt
+    return (grad_x, grad_w) + (None,) * 9  # targets ... w_qt
 
 
 fp8_softcap_ce.register_autograd(_backward, setup_context=_setup_context)

@@ -16,26 +16,26 @@ shared-memory buffer; a 4-warp epilogue partition TMA-stores it while they compu
 The row sums (ROWSUM): the CE kernel's first pass (`softcap_ce._softcap_ce_lean_kernel`) sums, per
 row, 2^(c log2e (s - 1)) with s = sigmoid(z / 7.5) over the whole vocabulary; the record's soft cap
 bounds s, so the sum needs no running max and splits into independent per-tile sums. With ROWSUM the
-epilogue partition computes those sums for its tile from the bf16 z still in shared memory (the bits
-the CE kernel would load), with the lean kernel's per-element math (one reciprocal for two
-sigmoids; every exponential on the special-function unit: the CE kernel's FMA polynomial for a share
-of them was measured here in 2c51899 (2026-12-01) and lost), and writes one float32 per row and
-column tile into `rowsums` (M, cdiv(N, 256)). The CE kernel then skips its first pass and a whole read
-of z (`softcap_ce.launch(..., rowsums=...)`). The epilogue's special-function and FMA work runs
-on warps that do no tensor-core work. Padded columns beyond N (zero-filled operands) are masked out
-of the last tile's sums; rows beyond M are not written.
+kernel computes those sums for each tile from the bf16 z still in shared memory (the bits the CE
+kernel would load), with the lean kernel's per-element math (one reciprocal for two sigmoids; every
+exponential on the special-function unit: the CE kernel's FMA polynomial for a share of them was
+measured here in 2c51899 (2026-12-01) and lost), and writes two float32 partial sums per row and
+column tile into `rowsums` (M, 2 cdiv(N, 256)). The CE kernel then skips its first pass and a whole
+read of z (`softcap_ce.launch(..., rowsums=...)`). Padded columns beyond N (zero-filled operands) are
+masked out of the last tile's sums; rows beyond M are not written.
 
-Which warps sum (RS_EPI_SLICES, `model.head_rowsums`): one epilogue warp per scheduler issues the
-~11 instructions an element slower than the consumers compute the next tile, so with all four
-64-column slices on the epilogue the kernel takes ~1.2 ms more than z alone. The consumer warpgroups
-mostly wait on their wgmmas: `_mma_rowsum_partition` has them read the previous tile's z back from
-the buffer (it is overwritten only after the current tile's mainloop) and sum slices between issuing
-one k-step's wgmma and waiting for the one before, spread over the unrolled k-steps. All four there
-slow the mainloop as much (their special-function work per k-step is about a wgmma's time); split
-two and two, with two partial sums a tile (the CE kernel adds up whatever columns it is given), the
-kernel measured 4,116 us against 4,772 with all on the epilogue (57860f8, one machine);
-the step 608.1 / 611.4 against 613.1 / 613.7 ms (1a09427, both 2026-12-01), so `split` is the model's
-default. CONFIG keeps all four on the epilogue; the model always passes `rowsum_config(...)`.
+Which warps sum: a tile's four 64-column slices are split, the first RS_EPI_SLICES (2) summed by the
+epilogue warps beside their TMA stores, the rest by the consumer warpgroups, each group writing its own
+partial sum (the CE kernel adds up whatever columns it is given). One epilogue warp per scheduler
+issues the ~11 instructions an element slower than the consumers compute the next tile; the consumer
+warpgroups mostly wait on their wgmmas: `_mma_rowsum_partition` has them read the previous tile's z
+back from the buffer (it is overwritten only after the current tile's mainloop) and sum slices between
+issuing one k-step's wgmma and waiting for the one before, spread over the unrolled k-steps. Measured
+on one H200 (57860f8, 2026-12-01): two and two 4,116 us, three on the epilogue 4,728, all four there
+4,772 (~1.2 ms more than z alone), all four on the consumers 4,797 (their special-function work per
+k-step is about a wgmma's time, so the mainloop slows as much); the step with the split 608.1 / 611.4
+against 613.1 / 613.7 ms with all on the epilogue (1a09427). The all-epilogue and all-consumer forms
+are gone.
 
 Triton is imported on first use (`_build`); importing this module needs only torch.
 """
@@ -59,11 +59,11 @@ from speedrun.kernels.softcap_ce import SIGMOID_TEMPERATURE
 # 3,824; EPI_REGS 40 3,663; BLOCK_K 64 with 6 stages 4,545. With the row sums (machine B, z alone 3,472,
 # cuBLAS 3,733): POLY 1 5,216 us, POLY 0 4,486; with POLY 1, GROUP_M 16 5,141, 32 5,216, 64 5,248. Machine C
 # (z alone 3,327, cuBLAS 3,580), POLY 0: GROUP_M 32 4,687, 16 4,514. RS_EPI_SLICES: the 64-column slices of a
-# tile whose row sums the epilogue warps take (4: all; 0: all on the consumers, whose epilogue then keeps
-# EPI_REGS_2 registers). 57860f8 (z alone 3,521): 4 4,772 us, 0 4,797, 3 4,728, 2 4,116.
+# tile whose row sums the epilogue warps take, the consumers the rest (1 to 3). 57860f8 (z alone 3,521):
+# 3 4,728 us, 2 4,116.
 CONFIG = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "SUB_N": 64, "GROUP_M": 16, "STAGES": 3,
           "EPI_WARPS": 4, "EPI_REGS": 128, "MAXNREG": 168, "STORE": True,
-          "RS_EPI_SLICES": 4, "EPI_REGS_2": 40}
+          "RS_EPI_SLICES": 2}
 NUM_WARPS = 8  # the consumer (default) partition: two warpgroups
 
 _KERNEL = None
@@ -79,28 +79,12 @@ def config(cfg: dict | None = None) -> dict:
 
 
 SLICE = 64  # the row sums' slice of a tile: 64 columns (a 128-byte row of bf16)
-ROWSUM_WARPS = {"epilogue": 4, "split": 2, "consumers": 0}  # model.head_rowsums -> RS_EPI_SLICES
-
-
-def rowsum_config(where: str) -> dict:
-    """CONFIG overrides for model.head_rowsums: which warps sum a tile's four 64-column slices (the
-    epilogue's all four, the consumers' all four, or two each)."""
-    if where not in ROWSUM_WARPS:
-        raise ValueError(f"head_rowsums must be one of {sorted(ROWSUM_WARPS)}, got {where!r}")
-    return {"RS_EPI_SLICES": ROWSUM_WARPS[where]}
-
-
-def rowsum_split(cfg: dict | None = None) -> bool:
-    """Do the epilogue warps and the consumers both sum some of a tile's slices (two partials a tile)?"""
-    cfg = config(cfg)
-    return 0 < cfg["RS_EPI_SLICES"] < cfg["BLOCK_N"] // SLICE
 
 
 def rowsum_tiles(n: int, cfg: dict | None = None) -> int:
-    """Columns of the row-sum partials for a vocabulary of n: one per BLOCK_N-wide tile, two where the
-    sums are split between the warps (the epilogue's first)."""
-    bn = config(cfg)["BLOCK_N"]
-    return -(-n // bn) * (2 if rowsum_split(cfg) else 1)
+    """Columns of the row-sum partials for a vocabulary of n: two per BLOCK_N-wide tile (the epilogue
+    warps' first, the consumers' second)."""
+    return -(-n // config(cfg)["BLOCK_N"]) * 2
 
 
 def supports(k: int, n: int) -> bool:
@@ -197,8 +181,8 @@ def _build():
         buffer (it is overwritten only after tile t's mainloop) and sum its slices, a share per k-step,
         between issuing one wgmma and waiting for the one before; the sums are stored after the k-loop, the
         last tile's after the tile loop. The k-loop is unrolled (K_STEPS = cdiv(K, BK) is a constexpr).
-        Slices J0.. only: with J0 > 0 the epilogue warps sum the first J0 and the partials take two
-        columns a tile, these the second."""
+        Slices J0.. only (0 < J0): the epilogue warps sum the first J0; of a tile's two partial sums
+        these are the second."""
         BM: gl.constexpr = e_buf.shape[0]
         BN: gl.constexpr = e_buf.shape[1]
         STAGES: gl.constexpr = a_bufs.shape[0]
@@ -207,7 +191,6 @@ def _build():
                                                           instr_shape=[16, BN, INSTR_K])
         rs_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
         row_layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
-        RS_COLS: gl.constexpr = 2 if J0 > 0 else 1
         cap2 = cap * 1.4426950408889634
         kz = -1.4426950408889634 * inv_scale
         scale = gl.load(scale_ptr)
@@ -236,7 +219,7 @@ def _build():
                             True, GROUP_M)
                 it += 1
             rows = prev_m + gl.arange(0, BM, layout=row_layout)
-            gl.store(rowsum_ptr + rows.to(gl.int64) * (num_n * RS_COLS) + (prev_n // BN) * RS_COLS + RS_COLS - 1,
+            gl.store(rowsum_ptr + rows.to(gl.int64) * (num_n * 2) + (prev_n // BN) * 2 + 1,
                      gl.convert_layout(rsum, row_layout),
                      mask=(rows < M) & (t > 0))
             acc = warpgroup_mma_wait(0, deps=(acc, ))
@@ -251,17 +234,17 @@ def _build():
             for ks in gl.static_range(K_STEPS):
                 rsum = _slices_at(e_buf, ks, K_STEPS, J0, rsum, prev_n, N, cap2, kz, rs_layout)
             rows = prev_m + gl.arange(0, BM, layout=row_layout)
-            gl.store(rowsum_ptr + rows.to(gl.int64) * (num_n * RS_COLS) + (prev_n // BN) * RS_COLS + RS_COLS - 1,
+            gl.store(rowsum_ptr + rows.to(gl.int64) * (num_n * 2) + (prev_n // BN) * 2 + 1,
                      gl.convert_layout(rsum, row_layout),
                      mask=rows < M)
 
     @gluon.jit
     def _epilogue(out_desc, e_buf, acc_ready, acc_free, rowsum_ptr, M, N, cap, inv_scale, GROUP_M: gl.constexpr,
-                  STORE: gl.constexpr, J1: gl.constexpr, RS_COLS: gl.constexpr,
+                  STORE: gl.constexpr, J1: gl.constexpr,
                   EPI_WARPS: gl.constexpr):
         """Per tile: TMA-store the buffer in SUB-wide column slices (none wholly right of N; TMA clips the
         rest), with J1 > 0 the row sums of the tile's first J1 slices (`_tile_rowsum`) into
-        rowsum_ptr[row, RS_COLS x tile column], then
+        rowsum_ptr[row, 2 x tile column] (the tile's first partial sum), then
         hand the buffer back once the bulk copies have read it."""
         BM: gl.constexpr = e_buf.shape[0]
         BN: gl.constexpr = e_buf.shape[1]
@@ -285,7 +268,7 @@ def _build():
                 else:
                     sums = _tile_rowsum(e_buf, off_n, N, cap2, k, True, EPI_WARPS, J1)
                 rows = off_m + gl.arange(0, BM, layout=row_layout)
-                gl.store(rowsum_ptr + rows.to(gl.int64) * (n_tiles * RS_COLS) + (off_n // BN) * RS_COLS,
+                gl.store(rowsum_ptr + rows.to(gl.int64) * (n_tiles * 2) + (off_n // BN) * 2,
                          gl.convert_layout(sums, row_layout),
                          mask=rows < M)
             if STORE:
@@ -301,22 +284,21 @@ def _build():
         """z = bf16((A @ B.T) * scale), A (M, K) and B (N, K) fp8 e4m3 (K-major), tile by tile, and with
         ROWSUM the CE row sums: the epilogue warps sum a tile's first RS_EPI 64-column slices, the consumer
         warpgroups the rest (their partition unrolls the K_STEPS k-steps). Persistent: grid <= tiles."""
-        NS: gl.constexpr = b_desc.block_type.shape[0] // 64  # 64-column slices a tile
         a_bufs, b_bufs, e_buf, ready, acc_ready, acc_free = _shared_state(a_desc, b_desc, out_desc,
                                                                           b_desc.block_type.shape[0], STAGES)
-        if ROWSUM and RS_EPI < NS:
+        if ROWSUM:
             gl.warp_specialize([
                 (_mma_rowsum_partition, (a_desc, b_desc, a_bufs, b_bufs, e_buf, ready, acc_ready, acc_free,
                                          scale_ptr, rowsum_ptr, M, N, cap, inv_scale, GROUP_M, K_STEPS, RS_EPI, num_warps)),
                 (_epilogue, (out_desc, e_buf, acc_ready, acc_free, rowsum_ptr, M, N, cap, inv_scale, GROUP_M, STORE,
-                             RS_EPI, 2 if RS_EPI > 0 else 1, EPI_WARPS)),
+                             RS_EPI, EPI_WARPS)),
             ], [EPI_WARPS], [EPI_REGS])
         else:
             gl.warp_specialize([
                 (_mma_partition, (a_desc, b_desc, a_bufs, b_bufs, e_buf, ready, acc_ready, acc_free, scale_ptr, M,
                                   N, K, True, GROUP_M, True, num_warps)),
                 (_epilogue, (out_desc, e_buf, acc_ready, acc_free, rowsum_ptr, M, N, cap, inv_scale, GROUP_M, STORE,
-                             NS if ROWSUM else 0, 1, EPI_WARPS)),
+                             0, EPI_WARPS)),
             ], [EPI_WARPS], [EPI_REGS])
 
     _KERNEL = _head_fwd_kernel
@@ -334,14 +316,14 @@ def descriptor_layouts(cfg: dict):
 
 
 def kernel_constexprs(cfg: dict, rowsum: bool, k: int) -> dict:
-    """The kernel's compile-time arguments for `cfg`, with or without the row sums, for K = k."""
-    slices = cfg["BLOCK_N"] // SLICE
-    epi = min(max(cfg["RS_EPI_SLICES"], 0), slices) if rowsum else slices
-    consumers = rowsum and epi < slices  # the consumer warpgroups sum some slices (their unrolled k-loop)
+    """The kernel's compile-time arguments for `cfg`, with or without the row sums, for K = k (the
+    consumers' k-loop is unrolled where they sum)."""
+    if not 0 < cfg["RS_EPI_SLICES"] < cfg["BLOCK_N"] // SLICE:
+        raise ValueError(f"head_gluon: RS_EPI_SLICES must leave both the epilogue and the consumers some of a tile's "
+                         f"{cfg['BLOCK_N'] // SLICE} slices, got {cfg['RS_EPI_SLICES']}")
     return {"GROUP_M": cfg["GROUP_M"], "STAGES": cfg["STAGES"], "EPI_WARPS": cfg["EPI_WARPS"],
-            "EPI_REGS": cfg["EPI_REGS_2"] if rowsum and epi == 0 else cfg["EPI_REGS"], "STORE": cfg["STORE"],
-            "ROWSUM": rowsum, "RS_EPI": epi,
-            "K_STEPS": -(-k // cfg["BLOCK_K"]) if consumers else 0}
+            "EPI_REGS": cfg["EPI_REGS"], "STORE": cfg["STORE"], "ROWSUM": rowsum, "RS_EPI": cfg["RS_EPI_SLICES"],
+            "K_STEPS": -(-k // cfg["BLOCK_K"]) if rowsum else 0}
 
 
 def _check(x_f8: Tensor, w_f8: Tensor, scale: Tensor, out: Tensor, rowsums: Tensor | None, cfg: dict) -> None:
@@ -412,16 +394,14 @@ def try_launch(*args, **kwargs) -> bool:
 
 def rowsums_reference(z: Tensor, cap: float, cfg: dict | None = None) -> Tensor:
     """What `launch` writes into rowsums, in float64 from z's values: per row and BLOCK_N-wide column
-    tile, the sum of exp(cap (s - 1)) with s = sigmoid(z / 7.5) (= 2^(cap log2e (s - 1))); where the
-    sums are split (`rowsum_split`), two per tile: its first RS_EPI_SLICES 64-column slices' and the rest's."""
+    tile, the sums of exp(cap (s - 1)) with s = sigmoid(z / 7.5) (= 2^(cap log2e (s - 1))) over its first
+    RS_EPI_SLICES 64-column slices and over the rest."""
     cfg = config(cfg)
     bn = cfg["BLOCK_N"]
     m, n = z.shape
     tiles = -(-n // bn)
     e = torch.exp(cap * (torch.sigmoid(z.double() / SIGMOID_TEMPERATURE) - 1.0))
     e = torch.nn.functional.pad(e, (0, tiles * bn - n)).view(m, tiles, bn)
-    if not rowsum_split(cfg):
-        return e.sum(dim=2)
     cut = cfg["RS_EPI_SLICES"] * SLICE
     return torch.stack((e[..., :cut].sum(dim=2), e[..., cut:].sum(dim=2)), dim=2).view(m, 2 * tiles)
 

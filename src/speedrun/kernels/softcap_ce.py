@@ -29,10 +29,9 @@ Why exp2 and the sigmoid's cost: per element and pass the record's form takes
 three operations of the GPU's special-function unit (two exponentials and a
 reciprocal), and at (49152, 50304) that unit, not memory, bounds the kernel
 (~4.0 ms against 2.25 ms for one read of z and one write of the e5m2
-gradient, on an H200). Working in base 2 saves the products by log2 e;
-`math="tanh_approx"` makes the sigmoid one such operation (approximate).
+gradient, on an H200). Working in base 2 saves the products by log2 e.
 
-`math="lean"` keeps the precision and removes work instead. The precise
+The lean kernel keeps the precision and removes work. The precise
 kernel's SASS (compiled offline for sm_90) has ~40 instructions per element
 over both passes, 6 of them special-function: at 16 such results per clock
 and SM against 128 issued instructions, the two limits are equal (0.375 and
@@ -48,11 +47,14 @@ now have room (`LEAN_CONFIG["POLY"]`). Measured on an H200 (2026-12-01,
 03a3753): 4,021 -> 3,289 us a call at (49152, 50304) with the e5m2
 gradient, the same loss error against float64 (4.1e-7) and e5m2 bytes as
 close to float64's; the polynomial's share mattered little (+-60 us), so the
-kernel is no longer bound by one unit. It is the model's default
-(`model.ce_math`); "precise" stays as the bit-stable earlier kernel.
+kernel is no longer bound by one unit. So the record's form runs the lean kernel
+wherever it applies (`lean_applies`: the sigmoid form with 0 < c <= 80, its static
+shift); the other forms and caps run the precise kernel, which the lean one is also
+held to in the GPU tests (`_launch(..., lean=False)`). The choice follows from the
+form and the cap alone: no caller makes it.
 
-`impl` chooses between them as `kernel_choice` says ("auto": the kernel for
-CUDA tensors when Triton is installed); the kernel is built on first use.
+`impl` chooses between the reference and the kernels as `kernel_choice` says ("auto":
+the kernels for CUDA tensors when Triton is installed); they are built on first use.
 """
 
 from __future__ import annotations
@@ -73,32 +75,21 @@ IGNORE_INDEX = -100  # F.cross_entropy's default: such rows add 0 to the loss an
 # (a power of two); 50304 = 24.6 x 2048. Measured on an H200 at (49152, 50304)
 # bfloat16 (scripts/bench/ce_bench.py, docs/performance.md): 4 warps 4.67 ms a
 # call with the gradient, 8 warps 4.82, 16 warps 5.46; BLOCK_V 1024 / 4096 slower.
-# math (`launch`'s argument, `model.ce_math`): how the kernel computes the sigmoid form's sigmoid
-#   "precise"     1 / (1 + 2^(-u log2 e)), Triton's float32 exp2 and division, as Inductor compiles the
-#                 reference's torch.sigmoid: three special-function-unit (SFU) operations per element and
-#                 pass with the softmax's exp2, and the SFU bounds the kernel (docs/performance.md)
-#   "tanh_approx" 0.5 + 0.5 * tanh.approx.f32(u / 2), the hardware's approximate tanh: one SFU operation
-#                 for the sigmoid, relative error up to 2^-10.99 in tanh (CUDA only; other forms: precise)
-#   "lean"        the record's form with the same precision in fewer instructions (`_lean_kernel`; other
-#                 forms and caps run "precise"): one reciprocal for two elements, the exponential of half
-#                 the softmax's elements by a degree-5 polynomial on the FMA units (relative error 1.9e-7,
-#                 the special-function unit's own ~2^-22), no per-element masks or target compare
+# The two kernels' sigmoid of the sigmoid form:
+#   precise  1 / (1 + 2^(-u log2 e)), Triton's float32 exp2 and division, as Inductor compiles the
+#            reference's torch.sigmoid: three special-function-unit (SFU) operations per element and
+#            pass with the softmax's exp2, and the SFU bounds the kernel (docs/performance.md)
+#   lean     the record's form with the same precision in fewer instructions (`_softcap_ce_lean_kernel`):
+#            one reciprocal for two elements, the exponential of half the softmax's elements by a
+#            degree-5 polynomial on the FMA units (relative error 1.9e-7, the special-function unit's
+#            own ~2^-22), no per-element masks or target compare
 KERNEL_CONFIG = {"BLOCK_V": 2048, "num_warps": 4}
-MATHS = ("precise", "tanh_approx", "lean")
-# "lean": which softmax exponentials of each block's second half take the polynomial (0: none, 1: the
+# The lean kernel: which softmax exponentials of each block's second half take the polynomial (0: none, 1: the
 # row-sum pass, 2: both passes), the block and the warps. On CUDA the reciprocal is the hardware's
 # approximate one (1 ulp). Swept on an H200 (2026-12-01, 03a3753; 12 launches, with
-# the e5m2 gradient, 4,021 us for "precise"): POLY 1, 4,096 columns, 8 warps 3,289 us; the others
+# the e5m2 gradient, 4,021 us for the precise kernel): POLY 1, 4,096 columns, 8 warps 3,289 us; the others
 # 3,345-3,500 us (POLY 0: 3,345-3,488, POLY 2: 3,416-3,500).
 LEAN_CONFIG = {"POLY": 1, "BLOCK_V": 4096, "num_warps": 8}
-# `launch_transposed`'s gradient tiles (rows x columns; powers of two, rows a multiple of 4). Since
-# 5cf7652 (2026-12-01) the tiles pack four rows' e5m2 bytes into words (`_e5m2_word`) and move words through
-# shared memory: Triton 3.6 (the GPU machine's) transposed byte-wise tiles wrongly on an H200. Timed then
-# (49,152 tokens, row sums given): 32 x 128 / 4 warps 3,096 us, 64 x 128 / 4 3,236, 64 x 256 / 8 3,585,
-# against 3,100 for the CE kernel plus the transposed copy. On Hopper GPUs `launch_transposed` runs
-# ce_grad_gluon.py's pass instead (the default `model.ce_transposed=true` since 4f2d00e, 2026-12-02);
-# these tiles remain the path of other GPUs and of Triton's CPU interpreter.
-TILE_CONFIG = {"BLOCK_M": 32, "BLOCK_V": 128, "num_warps": 4}
 
 
 # --------------------------------------------------------------------------- reference
@@ -122,26 +113,23 @@ def reference_cross_entropy(z: Tensor, targets: Tensor, cap: float, form: str) -
 # --------------------------------------------------------------------------- dispatch
 
 
-def check(form: str, impl: str, math: str = "precise") -> None:
-    if math not in MATHS:
-        raise ValueError(f"softcap_ce math must be one of {MATHS}, got {math!r}")
+def check(form: str, impl: str) -> None:
     if form not in FORMS:
         raise ValueError(f"softcap form must be one of {FORMS}, got {form!r}")
     if impl not in IMPLS:
         raise ValueError(f"cross-entropy impl must be one of {IMPLS}, got {impl!r}")
 
 
-def softcap_cross_entropy(z: Tensor, targets: Tensor, cap: float, form: str, impl: str = "torch",
-                          math: str = "precise") -> Tensor:
+def softcap_cross_entropy(z: Tensor, targets: Tensor, cap: float, form: str, impl: str = "torch") -> Tensor:
     """sum_i CE(softcap(z_i), t_i) as a float32 scalar, differentiable with respect to z.
 
     z: (N, V) logits (bfloat16 or float32); targets: (N,) int64 class ids
     (IGNORE_INDEX rows are skipped, as `F.cross_entropy` does); cap = 0 or
     form = "none" means no soft-cap. impl: "torch" (the reference), "triton"
-    (the fused kernel; CUDA, or a CPU under TRITON_INTERPRET=1), "auto".
-    math: the kernel's sigmoid, "precise" or "tanh_approx" (MATHS); the reference is always precise.
+    (the fused kernel, lean or precise as `lean_applies` says; CUDA, or a CPU
+    under TRITON_INTERPRET=1), "auto".
     """
-    check(form, impl, math)
+    check(form, impl)
     if pick_impl(z, impl) == "torch":
         return reference_cross_entropy(z, targets, cap, form)
     if not TRITON_FOUND:
@@ -149,7 +137,7 @@ def softcap_cross_entropy(z: Tensor, targets: Tensor, cap: float, form: str, imp
     form = "none" if not cap else form
     z, targets = z.reshape(-1, z.shape[-1]), targets.reshape(-1)
     want_grad = torch.is_grad_enabled() and z.requires_grad
-    losses, _ = torch.ops.speedrun.softcap_ce(z, targets, float(cap), form, want_grad, math)
+    losses, _ = torch.ops.speedrun.softcap_ce(z, targets, float(cap), form, want_grad)
     return losses.sum()
 
 
@@ -158,7 +146,7 @@ def softcap_cross_entropy(z: Tensor, targets: Tensor, cap: float, form: str, imp
 triton = tl = None  # set by built_once on first use
 _softcap_jit = _softcap_ce_kernel = None
 _rcp = _exp2_poly = _exp2 = _sigmoid_pair = _row_sum_pass = _row_loss = _softcap_ce_lean_kernel = None
-_ce_rows_kernel = _ce_grad_tile_kernel = _grad_rows = _e5m2_word = _grad_store_rows = None
+_ce_rows_kernel = _ce_target_kernel = None
 _P1 = _P2 = _P3 = _P4 = _P5 = None  # EXP2_POLY as Triton constexprs, set with the kernels
 _FORM_CODE = {"none": 0, "sigmoid": 1, "tanh": 2}
 
@@ -169,18 +157,13 @@ def _build_kernel(interpreted: bool):
     global _softcap_jit, _softcap_ce_kernel  # module globals: the interpreter re-executes the source with them
 
     @triton.jit
-    def _softcap_jit(zf, cap2, inv_scale, ds_scale, FORM: tl.constexpr, MATH: tl.constexpr):
+    def _softcap_jit(zf, cap2, inv_scale, ds_scale, FORM: tl.constexpr):
         """(s * log2(e), ds/dz) for float32 z: the soft-capped logit in base-2 units (the kernel takes
         exp2 of it), cap2 = c * log2(e); inv_scale = 1/7.5 (sigmoid) or 1/c (tanh), ds_scale = c/7.5
         (sigmoid). Exponents are clamped at 2^126 so that 1 + e stays finite; the clamped sigmoid (below
-        1e-38) and tanh remainder round to the same s. MATH 1: the sigmoid from tanh.approx."""
+        1e-38) and tanh remainder round to the same s."""
         if FORM == 1:  # c * sigmoid(z / 7.5)
-            if MATH == 1:  # sigmoid(u) = (1 + tanh(u/2)) / 2, tanh from the special-function unit
-                th = tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [zf * (0.5 * inv_scale)],
-                                               dtype=tl.float32, is_pure=True, pack=1)
-                sig = 0.5 + 0.5 * th
-            else:
-                sig = 1.0 / (1.0 + tl.exp2(tl.minimum(zf * (-1.4426950408889634 * inv_scale), 126.0)))
+            sig = 1.0 / (1.0 + tl.exp2(tl.minimum(zf * (-1.4426950408889634 * inv_scale), 126.0)))
             s2 = cap2 * sig
             ds = ds_scale * sig * (1.0 - sig)
         elif FORM == 2:  # c * tanh(z / c); tanh(x) = 1 - r, r = 2 / (exp(2x) + 1), saturates cleanly to +-1
@@ -196,7 +179,7 @@ def _build_kernel(interpreted: bool):
     def _softcap_ce_kernel(
         Z, T, LOSS, GRAD, stride_z, stride_g, cap, inv_scale, grad_mul,
         V: tl.constexpr, FORM: tl.constexpr, STATIC_MAX: tl.constexpr, IGNORE: tl.constexpr,
-        WRITE_GRAD: tl.constexpr, BLOCK_V: tl.constexpr, MATH: tl.constexpr,
+        WRITE_GRAD: tl.constexpr, BLOCK_V: tl.constexpr,
     ):
         row = tl.program_id(0).to(tl.int64)  # int64: N x V exceeds 2^31 in training
         z_row = Z + row * stride_z
@@ -215,7 +198,7 @@ def _build_kernel(interpreted: bool):
                 idx = v0 + cols
                 ok = idx < V
                 zf = tl.load(z_row + idx, mask=ok, other=0.0).to(tl.float32)
-                s2, _ = _softcap_jit(zf, cap2, inv_scale, ds_scale, FORM, MATH)
+                s2, _ = _softcap_jit(zf, cap2, inv_scale, ds_scale, FORM)
                 acc += tl.where(ok, tl.exp2(s2 - m2), 0.0)
         else:
             m2 = tl.max(tl.full((BLOCK_V,), float("-inf"), tl.float32), axis=0)
@@ -223,7 +206,7 @@ def _build_kernel(interpreted: bool):
                 idx = v0 + cols
                 ok = idx < V
                 zf = tl.load(z_row + idx, mask=ok, other=0.0).to(tl.float32)
-                s2, _ = _softcap_jit(zf, cap2, inv_scale, ds_scale, FORM, MATH)
+                s2, _ = _softcap_jit(zf, cap2, inv_scale, ds_scale, FORM)
                 s2 = tl.where(ok, s2, float("-inf"))
                 m_new = tl.maximum(m2, tl.max(s2, axis=0))
                 acc = acc * tl.exp2(m2 - m_new) + tl.exp2(s2 - m_new)
@@ -233,7 +216,7 @@ def _build_kernel(interpreted: bool):
         ignored = t == IGNORE
         t_safe = tl.where(ignored, 0, t)
         z_t = tl.load(z_row + t_safe, mask=(t_safe >= 0) & (t_safe < V), other=0.0).to(tl.float32)  # bad ids: undefined
-        s_t1, _ = _softcap_jit(tl.full((1,), 1.0, tl.float32) * z_t, cap2, inv_scale, ds_scale, FORM, MATH)
+        s_t1, _ = _softcap_jit(tl.full((1,), 1.0, tl.float32) * z_t, cap2, inv_scale, ds_scale, FORM)
         s_t2 = tl.sum(s_t1, axis=0)
         tl.store(LOSS + row, tl.where(ignored, 0.0, (lse2 - s_t2) * 0.6931471805599453))  # ln(2)
 
@@ -246,7 +229,7 @@ def _build_kernel(interpreted: bool):
                 idx = v0 + cols
                 ok = idx < V
                 zf = tl.load(z_row + idx, mask=ok, other=0.0).to(tl.float32)
-                s2, ds = _softcap_jit(zf, cap2, inv_scale, ds_scale, FORM, MATH)
+                s2, ds = _softcap_jit(zf, cap2, inv_scale, ds_scale, FORM)
                 p = tl.exp2(s2 - lse2)
                 g = (p - tl.where(idx == t, 1.0, 0.0)) * ds * keep
                 tl.store(g_row + idx, (g * grad_mul).to(GRAD.dtype.element_ty), mask=ok)
@@ -264,7 +247,7 @@ EXP2_POLY = (0.6931470036506653, 0.24022242426872253, 0.05550733581185341, 0.009
 def _define_lean_kernel():
     """The "lean" kernel (the record's sigmoid form, static shift); bound as module globals like the others."""
     global _rcp, _exp2_poly, _exp2, _sigmoid_pair, _row_sum_pass, _row_loss, _softcap_ce_lean_kernel, _ce_rows_kernel
-    global _ce_grad_tile_kernel, _grad_rows, _e5m2_word, _grad_store_rows, _ce_target_kernel, _P1, _P2, _P3, _P4, _P5
+    global _ce_target_kernel, _P1, _P2, _P3, _P4, _P5
     _P1, _P2, _P3, _P4, _P5 = (tl.constexpr(c) for c in EXP2_POLY)  # kernels read constexpr globals only
 
     @triton.jit
@@ -412,69 +395,6 @@ def _define_lean_kernel():
         tl.store(SHIFT + row, tl.where(ignored, float("inf"), lse2 - tl.log2(C)))
 
     @triton.jit
-    def _grad_rows(Z, T, SHIFT, rm, ca, N, stride_z, cap2, k, C, V: tl.constexpr, HALF: tl.constexpr,
-                   FAST: tl.constexpr):
-        """g (float32) of rows rm at the column halves ca and ca + HALF (sharing reciprocals), and their masks."""
-        cb = ca + HALF
-        rok = rm < N
-        shift = tl.load(SHIFT + rm, mask=rok, other=float("inf"))[:, None]
-        t = tl.load(T + rm, mask=rok, other=-1).to(tl.int32)[:, None]
-        z_rows = Z + rm[:, None].to(tl.int64) * stride_z
-        oka = rok[:, None] & (ca < V)[None, :]
-        okb = rok[:, None] & (cb < V)[None, :]
-        sa, sb = _sigmoid_pair(tl.load(z_rows + ca[None, :], mask=oka, other=0.0).to(tl.float32),
-                               tl.load(z_rows + cb[None, :], mask=okb, other=0.0).to(tl.float32), k, FAST)
-        ga = (tl.exp2(cap2 * sa - shift) - tl.where(ca[None, :] == t, C, 0.0)) * tl.fma(-sa, sa, sa)
-        gb = (tl.exp2(cap2 * sb - shift) - tl.where(cb[None, :] == t, C, 0.0)) * tl.fma(-sb, sb, sb)
-        return ga, gb, oka, okb
-
-    @triton.jit
-    def _e5m2_word(g0, g1, g2, g3, FAST: tl.constexpr):
-        """Four float32 tiles as e5m2 bytes of 32-bit words, g0 in the low byte (as the bytes lie in memory).
-        On CUDA two `cvt.rn.satfinite.e5m2x2.f32`, the instruction Triton's own float8e5 conversion uses
-        (so the bytes equal the row-major store's); Triton 3.6 miscompiled the bit casts of float8 tiles
-        this replaces (bytes 3 of half the words wrong on an H200, found 2026-12-01, 5cf7652). Elsewhere (the
-        interpreter) the conversion and bit casts."""
-        if FAST:
-            return tl.inline_asm_elementwise(
-                "{ .reg .b16 lo, hi; cvt.rn.satfinite.e5m2x2.f32 lo, $2, $1; "
-                "cvt.rn.satfinite.e5m2x2.f32 hi, $4, $3; mov.b32 $0, {lo, hi}; }",
-                "=r,f,f,f,f", [g0, g1, g2, g3], dtype=tl.int32, is_pure=True, pack=1)
-        else:
-            w = g0.to(tl.float8e5).to(tl.uint8, bitcast=True).to(tl.uint32)
-            w |= g1.to(tl.float8e5).to(tl.uint8, bitcast=True).to(tl.uint32) << 8
-            w |= g2.to(tl.float8e5).to(tl.uint8, bitcast=True).to(tl.uint32) << 16
-            w |= g3.to(tl.float8e5).to(tl.uint8, bitcast=True).to(tl.uint32) << 24
-            return w.to(tl.int32, bitcast=True)
-
-    @triton.jit
-    def _ce_grad_tile_kernel(Z, T, SHIFT, GRAD, GRAD_T, N, stride_z, cap, inv_scale, grad_mul, V: tl.constexpr,
-                             BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, FAST: tl.constexpr):
-        """The lean kernel's gradient pass for one BLOCK_M x BLOCK_V tile, given each row's SHIFT: g stored
-        row-major into GRAD (N, V) as e5m2 and transposed into GRAD_T, the same memory as int32 (V, N // 4);
-        the tile's halves (a, b) share reciprocals; the target column's -C s (1 - s) by a compare. The tile
-        is four interleaved row sets 4j + r, so that each thread holds four consecutive rows of a column and
-        packs them into one word (row 4j in the low byte, as the bytes lie); the transpose moves words."""
-        HALF: tl.constexpr = BLOCK_V // 2
-        QUARTER: tl.constexpr = BLOCK_M // 4
-        ca = tl.program_id(1) * BLOCK_V + tl.arange(0, HALF)
-        cb = ca + HALF
-        cap2 = cap * 1.4426950408889634
-        k = -1.4426950408889634 * inv_scale
-        C = cap * inv_scale * grad_mul
-        rw = tl.program_id(0) * QUARTER + tl.arange(0, QUARTER)  # the tile's words along the rows
-        ga0, gb0 = _grad_store_rows(Z, T, SHIFT, GRAD, 4 * rw, ca, N, stride_z, cap2, k, C, V, HALF, FAST)
-        ga1, gb1 = _grad_store_rows(Z, T, SHIFT, GRAD, 4 * rw + 1, ca, N, stride_z, cap2, k, C, V, HALF, FAST)
-        ga2, gb2 = _grad_store_rows(Z, T, SHIFT, GRAD, 4 * rw + 2, ca, N, stride_z, cap2, k, C, V, HALF, FAST)
-        ga3, gb3 = _grad_store_rows(Z, T, SHIFT, GRAD, 4 * rw + 3, ca, N, stride_z, cap2, k, C, V, HALF, FAST)
-        NW = N // 4
-        wok = (rw < NW)[None, :]
-        tl.store(GRAD_T + ca[:, None].to(tl.int64) * NW + rw[None, :], tl.trans(_e5m2_word(ga0, ga1, ga2, ga3, FAST)),
-                 mask=(ca < V)[:, None] & wok)
-        tl.store(GRAD_T + cb[:, None].to(tl.int64) * NW + rw[None, :], tl.trans(_e5m2_word(gb0, gb1, gb2, gb3, FAST)),
-                 mask=(cb < V)[:, None] & wok)
-
-    @triton.jit
     def _ce_target_kernel(Z, T, SHIFT, GRAD, GRAD_T, N, stride_z, cap, inv_scale, grad_mul, V: tl.constexpr,
                           IGNORE: tl.constexpr, BLOCK: tl.constexpr):
         """Each row's target column in both layouts, as the lean kernel writes it after its barrier:
@@ -496,38 +416,35 @@ def _define_lean_kernel():
         tl.store(GRAD + rows64 * V + t_safe, g_t, mask=ok)
         tl.store(GRAD_T + t_safe.to(tl.int64) * N + rows, g_t, mask=ok)
 
-    @triton.jit
-    def _grad_store_rows(Z, T, SHIFT, GRAD, rm, ca, N, stride_z, cap2, k, C, V: tl.constexpr, HALF: tl.constexpr,
-                         FAST: tl.constexpr):
-        """`_grad_rows`, stored row-major into GRAD as e5m2; the float32 tiles returned for the transpose."""
-        ga, gb, oka, okb = _grad_rows(Z, T, SHIFT, rm, ca, N, stride_z, cap2, k, C, V, HALF, FAST)
-        g_rows = GRAD + rm[:, None].to(tl.int64) * V
-        tl.store(g_rows + ca[None, :], ga.to(tl.float8e5), mask=oka)
-        tl.store(g_rows + (ca + HALF)[None, :], gb.to(tl.float8e5), mask=okb)
-        return ga, gb
 
-
-def lean_applies(form: str, cap: float, math: str, grad_mul: float = 1.0) -> bool:
-    """Does `launch` run the lean kernel (the record's sigmoid form with its static shift) for these?"""
-    return math == "lean" and form == "sigmoid" and 0 < cap <= 80 and grad_mul > 0
+def lean_applies(form: str, cap: float, grad_mul: float = 1.0) -> bool:
+    """Does `launch` run the lean kernel: the record's sigmoid form with its static shift (0 < cap <= 80) and a
+    positive gradient factor (its gradient pass takes the factor's log2)? Elsewhere the precise kernel runs."""
+    return form == "sigmoid" and 0 < cap <= 80 and grad_mul > 0
 
 
 def launch(z: Tensor, targets: Tensor, cap: float, form: str, want_grad: bool,
-           grad_dtype: torch.dtype | None = None, grad_mul: float = 1.0, math: str = "precise",
+           grad_dtype: torch.dtype | None = None, grad_mul: float = 1.0,
            rowsums: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Per-row losses (N,) float32 and dL_i/dz * grad_mul in `grad_dtype` (z's dtype by default;
     the fused FP8 head asks for float8_e5m2 and 1 / the gradient's scale); (0,) without want_grad.
-    math: MATHS above. rowsums: (N, tiles) float32 partial sums of the lean kernel's first pass
-    (`head_gluon.launch` writes them with z), which then only reads them; lean math only."""
-    kernel = _build_kernel()
-    if math not in MATHS:
-        raise ValueError(f"softcap_ce math must be one of {MATHS}, got {math!r}")
-    if math == "tanh_approx" and z.device.type != "cuda":
-        raise ValueError("softcap_ce math 'tanh_approx' is a CUDA instruction; Triton's interpreter cannot run it")
-    lean = lean_applies(form, cap, math, grad_mul)
+    The lean kernel where `lean_applies`, else the precise one. rowsums: (N, tiles) float32 partial
+    sums of the lean kernel's first pass (`head_gluon.launch` writes them with z), which then only
+    reads them; the lean kernel only."""
+    return _launch(z, targets, cap, form, want_grad, grad_dtype, grad_mul, rowsums, lean_applies(form, cap, grad_mul))
+
+
+def _launch(z: Tensor, targets: Tensor, cap: float, form: str, want_grad: bool, grad_dtype: torch.dtype | None,
+            grad_mul: float, rowsums: Tensor | None, lean: bool) -> tuple[Tensor, Tensor]:
+    """`launch` with the kernel named: lean (only where it applies) or precise, which the GPU tests and
+    `ce_math_bench.py` hold the lean kernel to at the record's form."""
+    _build_kernel()
+    if lean and not lean_applies(form, cap, grad_mul):
+        raise ValueError(f"softcap_ce: the lean kernel needs the sigmoid form, 0 < cap <= 80 and grad_mul > 0, "
+                         f"got {form!r}, {cap}, {grad_mul}")
     if rowsums is not None and not (lean and rowsums.dim() == 2 and rowsums.shape[0] == z.shape[0]
                                     and rowsums.dtype == torch.float32 and rowsums.is_contiguous()):
-        raise ValueError("softcap_ce rowsums need the lean kernel (math 'lean', the sigmoid form, 0 < cap <= 80) "
+        raise ValueError("softcap_ce rowsums need the lean kernel (the sigmoid form, 0 < cap <= 80) "
                          "and a contiguous float32 (N, tiles) tensor")
     if z.stride(-1) != 1:
         z = z.contiguous()
@@ -535,49 +452,63 @@ def launch(z: Tensor, targets: Tensor, cap: float, form: str, want_grad: bool,
     N, V = z.shape
     losses = torch.empty(N, dtype=torch.float32, device=z.device)
     grad = torch.empty((N, V) if want_grad else (0,), dtype=grad_dtype or z.dtype, device=z.device)
+    if N and lean:
+        _run_lean(z, targets, losses, grad, cap, want_grad, grad_mul, rowsums)
+    elif N:
+        _run_precise(z, targets, losses, grad, cap, form, want_grad, grad_mul)
+    return losses, grad
+
+
+def _run_lean(z: Tensor, targets: Tensor, losses: Tensor, grad: Tensor, cap: float, want_grad: bool,
+              grad_mul: float, rowsums: Tensor | None) -> None:
+    N, V = z.shape
+    rs_cols = rowsums.shape[1] if rowsums is not None else 0
+    _softcap_ce_lean_kernel[(N,)](z, targets, losses, grad, losses if rowsums is None else rowsums, z.stride(0),
+                                  V if want_grad else 0, float(cap), 1.0 / SIGMOID_TEMPERATURE, float(grad_mul),
+                                  rs_cols, V=V, IGNORE=IGNORE_INDEX, WRITE_GRAD=want_grad,
+                                  BLOCK_V=LEAN_CONFIG["BLOCK_V"], POLY=LEAN_CONFIG["POLY"],
+                                  FAST=z.device.type == "cuda", ROWSUMS=rowsums is not None,
+                                  RS_BLOCK=max(16, _next_pow2(rs_cols)), num_warps=LEAN_CONFIG["num_warps"])
+
+
+def _run_precise(z: Tensor, targets: Tensor, losses: Tensor, grad: Tensor, cap: float, form: str, want_grad: bool,
+                 grad_mul: float) -> None:
+    N, V = z.shape
     inv_scale = 1.0 / SIGMOID_TEMPERATURE if form == "sigmoid" else 1.0 / cap if form == "tanh" else 1.0
     # a fixed shift m = cap is safe while exp(min s - cap) stays a normal float32: s > 0 (sigmoid), s > -cap (tanh)
     static_max = (form == "sigmoid" and 0 < cap <= 80) or (form == "tanh" and 0 < cap <= 40)
-    if not N:
-        return losses, grad
-    cfg = KERNEL_CONFIG
-    stride_g = V if want_grad else 0
-    if lean:
-        rs_cols = rowsums.shape[1] if rowsums is not None else 0
-        _softcap_ce_lean_kernel[(N,)](z, targets, losses, grad, losses if rowsums is None else rowsums, z.stride(0),
-                                      stride_g, float(cap), inv_scale, float(grad_mul), rs_cols, V=V,
-                                      IGNORE=IGNORE_INDEX, WRITE_GRAD=want_grad, BLOCK_V=LEAN_CONFIG["BLOCK_V"],
-                                      POLY=LEAN_CONFIG["POLY"], FAST=z.device.type == "cuda",
-                                      ROWSUMS=rowsums is not None, RS_BLOCK=max(16, _next_pow2(rs_cols)),
-                                      num_warps=LEAN_CONFIG["num_warps"])
-        return losses, grad
-    kernel[(N,)](z, targets, losses, grad, z.stride(0), stride_g, float(cap), inv_scale, float(grad_mul), V=V,
-                 FORM=_FORM_CODE[form], STATIC_MAX=static_max, IGNORE=IGNORE_INDEX,
-                 WRITE_GRAD=want_grad, BLOCK_V=cfg["BLOCK_V"], MATH=MATHS.index(math) if math != "lean" else 0,
-                 num_warps=cfg["num_warps"])
-    return losses, grad
-
+    _softcap_ce_kernel[(N,)](z, targets, losses, grad, z.stride(0), V if want_grad else 0, float(cap), inv_scale,
+                             float(grad_mul), V=V, FORM=_FORM_CODE[form], STATIC_MAX=static_max, IGNORE=IGNORE_INDEX,
+                             WRITE_GRAD=want_grad, BLOCK_V=KERNEL_CONFIG["BLOCK_V"],
+                             num_warps=KERNEL_CONFIG["num_warps"])
 
 
 def launch_transposed(z: Tensor, targets: Tensor, cap: float, grad_dtype: torch.dtype, grad_mul: float,
                       rowsums: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """Per-row losses, dL_i/dz * grad_mul (N, V) in grad_dtype, and the same gradient transposed (V, N),
-    which the FP8 head's grad_w product needs. For an e5m2 gradient and N % 4 == 0 (the head's case): the
-    lean kernel's two passes as two kernels, the second over tiles that store both layouts (so no separate
-    transposed copy reads the gradient again): on a Hopper GPU `ce_grad_gluon`'s kernel (no shared memory,
-    the lean kernel's pairs: its bytes exactly) and the target columns after it; elsewhere the Triton tile
-    kernel (its own pairs, the targets by a compare). Otherwise the lean kernel and the transposed copy. The
-    record's sigmoid form only (0 < cap <= 80); rowsums as `launch`'s."""
-    _build_kernel()
-    if not lean_applies("sigmoid", cap, "lean", grad_mul):
+    which the FP8 head's grad_w product needs. Where `ce_grad_gluon.applies` (a Hopper GPU, an e5m2 gradient,
+    N % 4 == 0: the head's case), `_both_layouts`; elsewhere the lean kernel and the transposed copy. A
+    Triton tile kernel that wrote both layouts on the other GPUs measured no gain over that pair (3,096
+    against 3,100 us a 49,152-token call on an H200, 5cf7652, 2026-12-01) and is gone. The record's
+    sigmoid form only (0 < cap <= 80); rowsums as `launch`'s."""
+    if not lean_applies("sigmoid", cap, grad_mul):
         raise ValueError(f"softcap_ce.launch_transposed: needs 0 < cap <= 80 and grad_mul > 0, got {cap}, {grad_mul}")
-    N, V = z.shape
-    if grad_dtype != torch.float8_e5m2 or N % 4:
-        losses, grad = launch(z, targets, cap, "sigmoid", True, grad_dtype, grad_mul, "lean", rowsums)
-        return losses, grad, transpose.transpose_copy(grad) if grad.element_size() == 1 else grad.T.contiguous()
+    if ce_grad_gluon.applies(z, grad_dtype):
+        return _both_layouts(z, targets, cap, grad_dtype, grad_mul, rowsums)
+    losses, grad = launch(z, targets, cap, "sigmoid", True, grad_dtype, grad_mul, rowsums)
+    return losses, grad, transpose.transpose_copy(grad) if grad.element_size() == 1 else grad.T.contiguous()
+
+
+def _both_layouts(z: Tensor, targets: Tensor, cap: float, grad_dtype: torch.dtype, grad_mul: float,
+                  rowsums: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    """The lean kernel's two passes as three kernels on a Hopper GPU: the row kernel (losses and each row's
+    exponent shift), `ce_grad_gluon`'s gradient pass storing both layouts (so no transposed copy reads the
+    gradient again; the lean kernel's pairs, its bytes exactly), then the target columns."""
+    _build_kernel()
     if z.stride(-1) != 1:
         z = z.contiguous()
     targets = targets.contiguous()
+    N, V = z.shape
     losses = torch.empty(N, dtype=torch.float32, device=z.device)
     grad = torch.empty((N, V), dtype=grad_dtype, device=z.device)
     grad_t = torch.empty((V, N), dtype=grad_dtype, device=z.device)
@@ -587,41 +518,16 @@ def launch_transposed(z: Tensor, targets: Tensor, cap: float, grad_dtype: torch.
     rs_cols = rowsums.shape[1] if rowsums is not None else 0
     if rowsums is not None and tuple(rowsums.shape) != (N, rs_cols):
         raise ValueError(f"softcap_ce.launch_transposed: rowsums must be ({N}, tiles), got {tuple(rowsums.shape)}")
-    fast = z.device.type == "cuda"
     inv_scale = 1.0 / SIGMOID_TEMPERATURE
     _ce_rows_kernel[(N,)](z, targets, losses, shift, losses if rowsums is None else rowsums, z.stride(0), float(cap),
                           inv_scale, float(grad_mul), rs_cols, V=V, IGNORE=IGNORE_INDEX,
-                          BLOCK_V=LEAN_CONFIG["BLOCK_V"], POLY=LEAN_CONFIG["POLY"], FAST=fast,
+                          BLOCK_V=LEAN_CONFIG["BLOCK_V"], POLY=LEAN_CONFIG["POLY"], FAST=True,
                           ROWSUMS=rowsums is not None, RS_BLOCK=max(16, _next_pow2(rs_cols)),
                           num_warps=LEAN_CONFIG["num_warps"])
-    if ce_grad_gluon.applies(z, grad_dtype):  # Hopper: the gradient pass with no shared memory, then the targets
-        ce_grad_gluon.launch(z, shift, grad, grad_t, cap, inv_scale, LEAN_CONFIG["BLOCK_V"] // 2)
-        _ce_target_kernel[(triton.cdiv(N, 256),)](z, targets, shift, grad, grad_t, N, z.stride(0), float(cap),
-                                                  inv_scale, float(grad_mul), V=V, IGNORE=IGNORE_INDEX, BLOCK=256)
-        return losses, grad, grad_t
-    bm, bv = TILE_CONFIG["BLOCK_M"], TILE_CONFIG["BLOCK_V"]
-    _ce_grad_tile_kernel[(triton.cdiv(N, bm), triton.cdiv(V, bv))](
-        z, targets, shift, grad, grad_t.view(torch.int32), N, z.stride(0), float(cap), inv_scale, float(grad_mul),
-        V=V, BLOCK_M=bm, BLOCK_V=bv, FAST=fast, num_warps=TILE_CONFIG["num_warps"])
+    ce_grad_gluon.launch(z, shift, grad, grad_t, cap, inv_scale, LEAN_CONFIG["BLOCK_V"] // 2)
+    _ce_target_kernel[(triton.cdiv(N, 256),)](z, targets, shift, grad, grad_t, N, z.stride(0), float(cap),
+                                              inv_scale, float(grad_mul), V=V, IGNORE=IGNORE_INDEX, BLOCK=256)
     return losses, grad, grad_t
-
-
-def compile_tile_offline(block_m: int = 64, block_v: int = 256, num_warps: int = 8, v: int = 50304):
-    """`launch_transposed`'s tile kernel for sm_90 without a GPU (Triton's bundled ptxas), an e5m2
-    gradient at the record's vocabulary; the CompiledKernel. Pointers and N assumed 16-aligned."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    _build_kernel()
-    kernel = _ce_grad_tile_kernel
-    consts = dict(V=v, BLOCK_M=block_m, BLOCK_V=block_v, FAST=True)
-    signature = {"Z": "*bf16", "T": "*i64", "SHIFT": "*fp32", "GRAD": "*fp8e5", "GRAD_T": "*i32",
-                 "N": "i32", "stride_z": "i32", "cap": "fp32", "inv_scale": "fp32", "grad_mul": "fp32"}
-    signature.update({name: "constexpr" for name in consts})
-    attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]]
-             for n in ("Z", "T", "SHIFT", "GRAD", "GRAD_T", "N", "stride_z")}
-    return triton.compile(ASTSource(kernel, signature, consts, attrs), target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": num_warps})
 
 
 def _next_pow2(n: int) -> int:
@@ -629,14 +535,13 @@ def _next_pow2(n: int) -> int:
 
 
 @torch.library.custom_op("speedrun::softcap_ce", mutates_args=())
-def softcap_ce(z: Tensor, targets: Tensor, cap: float, form: str, want_grad: bool,
-              math: str = "precise") -> tuple[Tensor, Tensor]:
+def softcap_ce(z: Tensor, targets: Tensor, cap: float, form: str, want_grad: bool) -> tuple[Tensor, Tensor]:
     """Per-row losses (N,) float32 and d loss_i / d z (N, V) in z's dtype ((0,) when not want_grad)."""
-    return launch(z, targets, cap, form, want_grad, math=math)
+    return launch(z, targets, cap, form, want_grad)
 
 
 @softcap_ce.register_fake
-def _(z, targets, cap, form, want_grad, math="precise"):
+def _(z, targets, cap, form, want_grad):
     losses = z.new_empty((z.shape[0],), dtype=torch.float32)
     grad = z.new_empty((z.shape[0], z.shape[1]) if want_grad else (0,))  # contiguous, z's dtype, as the op
     return losses, grad
@@ -667,7 +572,7 @@ def _backward(ctx, g_losses, _g_grad):
         raise RuntimeError("softcap_ce: backward can run once per forward (the gradient is scaled in place)")
     ctx.consumed = True
     (grad,) = ctx.saved_tensors
-    return grad.mul_(g_losses.unsqueeze(1)), None, None, None, None, None
+    return grad.mul_(g_losses.unsqueeze(1)), None, None, None, None
 
 
 softcap_ce.register_autograd(_backward, setup_context=_setup_context)

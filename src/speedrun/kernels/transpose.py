@@ -4,7 +4,9 @@ On Hopper both operands of an FP8 matrix product must have the reduced
 dimension contiguous. grad_w = g^T x reduces over tokens, and the CE kernel
 writes the e5m2 gradient g (tokens x vocabulary) with the vocabulary
 contiguous, so the head's backward needs g^T as its own (vocabulary x
-tokens) copy: 2.47 GB read and written per 49,152-token micro-step.
+tokens) copy: 2.47 GB read and written per 49,152-token micro-step. On a
+Hopper GPU the record's head gets g^T from the CE's gradient pass itself
+(`ce_grad_gluon`); this copy serves the other GPUs and soft-cap forms.
 
 Measured on an H200 at that size (scripts/device/head_bench.py at c3a2675,
 docs/performance.md): eager `g.T.contiguous()` 15.7 ms; Inductor's kernel for

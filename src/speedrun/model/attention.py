@@ -10,18 +10,20 @@ visible ("partial": the diagonal and document-boundary blocks) fill the rest,
 at least one.
 
 Three backends compute the same function:
-- `flex`: FlexAttention with a `BlockMask` built from the block structure.
-  The window is a tensor, so a new window size never recompiles.
-  `sparse_block` (a divisor of the block size, e.g. 64) hands the kernel a
-  finer block mask with the same function: the window is still chosen among
-  128-token blocks, then each kept block is split into sparse_block-sized
-  sub-blocks, and those that no query can see (the upper half of a diagonal
-  block, the corners of a document boundary) are dropped, and those wholly
-  inside one document and below the diagonal become "full" (no mask_mod).
-  On FineWeb-like documents (~420 tokens) 64-token sub-blocks cut the tiles
-  the kernel visits by 11-25% and its masked tiles by about half. The masks
-  are rebuilt inside the compiled step every micro-step, so they are built
-  cheaply: the window's blocks by rank (prefix sums) as dense (NB, NB)
+- `flex`: FlexAttention with a `BlockMask` built from the block structure,
+  with the kernel options of `flex_tiles.FLEX_OPTIONS` (tiles that divide
+  the mask's blocks). The window is a tensor, so a new window size never
+  recompiles. The mask is finer than the window's blocks, with the same
+  function: the window is chosen among block_size (128-token) blocks, then
+  each kept block is split into MASK_BLOCK (64-token) sub-blocks; those that
+  no query can see (the upper half of a diagonal block, the corners of a
+  document boundary) are dropped, and those wholly inside one document and
+  below the diagonal become "full" (no mask_mod). On FineWeb-like documents
+  (~420 tokens) that cuts the tiles the kernel visits by 11-25% and its
+  masked tiles by about half: the step 4.8-5.1 ms shorter than on a
+  128-token mask (72dcb66); the Gluon kernels are built on it too. The
+  masks are rebuilt inside the compiled step every micro-step, so they are
+  built cheaply: the window's blocks by rank (prefix sums) as dense (NB, NB)
   matrices, the lists the kernels read by one prefix-sum kernel each
   (`block_order`; its reference is an argsort).
 - `gluon`: kernels of this project's own (`attn_gluon`, Hopper only) on the
@@ -42,6 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from speedrun.config import MASK_BLOCK  # the block mask's granularity: a divisor of the block size
 from speedrun.kernels import attn_gluon
 
 from speedrun.kernels import block_order
@@ -56,7 +59,7 @@ def document_ids(tokens: Tensor) -> Tensor:
 
 def narrow_ids(docs: Tensor, bound: int) -> Tensor:
     """docs as int32 when `bound` (known on the host: ids never exceed it) fits, else unchanged. The same
-    comparisons either way; the Gluon kernels keep 32-bit ids in fewer registers (attention.gluon_docs_i32)."""
+    comparisons either way; the Gluon kernels keep 32-bit ids in fewer registers (`attn_gluon`)."""
     return docs.to(torch.int32) if bound < 2**31 else docs
 
 
@@ -155,24 +158,26 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float)
 # ---------------------------------------------------------------- FlexAttention
 
 
-def refined_blocks(s: BlockStructure, window_blocks: Tensor, block_size: int, sparse_block: int
+def refined_blocks(s: BlockStructure, window_blocks: Tensor, block_size: int, mask_block: int
                    ) -> tuple[Tensor, Tensor]:
-    """The window's kept blocks at sparse_block granularity: (partial, full), (NB', NB') bool. A
-    sub-block is kept when its block is kept under the window and some query in it may see some
-    key in it; full when every query sees every key."""
+    """The window's kept blocks at mask_block granularity (a divisor of block_size): (partial, full),
+    (NB', NB') bool. A sub-block is kept when its block is kept under the window and some query in it
+    may see some key in it; full when every query sees every key."""
+    if block_size % mask_block:
+        raise ValueError(f"attention: block_size {block_size} is not a multiple of the mask's "
+                         f"{mask_block}-token blocks")
     partial, full = kept_blocks(s, window_blocks)
-    if sparse_block == block_size:
+    if mask_block == block_size:
         return partial, full
-    r = block_size // sparse_block
+    r = block_size // mask_block
     kept = (partial | full).repeat_interleave(r, dim=0).repeat_interleave(r, dim=1)
-    any_, all_ = _block_classes(s.docs, sparse_block)
+    any_, all_ = _block_classes(s.docs, mask_block)
     return kept & any_ & ~all_, kept & all_
 
 
-def flex_block_mask(s: BlockStructure, window_blocks: Tensor, block_size: int, sparse_block: int | None = None,
-                    order_kernel: str = "auto"):
-    """The FlexAttention BlockMask of the window; `sparse_block` (default: block_size) its granularity;
-    `order_kernel` how the lists are ordered (`block_order.order`'s impl).
+def flex_block_mask(s: BlockStructure, window_blocks: Tensor, block_size: int, order_kernel: str = "auto"):
+    """The FlexAttention BlockMask of the window at MASK_BLOCK granularity; `order_kernel` how the lists
+    are ordered (`block_order.order`'s impl).
 
     Per query block the kept key blocks, nearest first (as the record orders them), and per key
     block the query blocks that keep it, ascending, as FlexAttention's backward wants them: the
@@ -183,19 +188,18 @@ def flex_block_mask(s: BlockStructure, window_blocks: Tensor, block_size: int, s
     from torch.nn.attention.flex_attention import BlockMask
 
     docs = s.docs
-    sparse_block = sparse_block or block_size
 
     def document_causal(b, h, q_idx, kv_idx):
         return (q_idx >= kv_idx) & (docs[q_idx] == docs[kv_idx])
 
-    partial, full = refined_blocks(s, window_blocks, block_size, sparse_block)
+    partial, full = refined_blocks(s, window_blocks, block_size, MASK_BLOCK)
     (kv_num, kv_idx), (fkv_num, fkv_idx) = (block_order.order(m, True, order_kernel) for m in (partial, full))
     mask = BlockMask.from_kv_blocks(
         kv_num[None, None].contiguous(),
         kv_idx[None, None].contiguous(),
         fkv_num[None, None].contiguous(),
         fkv_idx[None, None].contiguous(),
-        BLOCK_SIZE=sparse_block,
+        BLOCK_SIZE=MASK_BLOCK,
         mask_mod=document_causal,
         compute_q_blocks=False,
     )
@@ -212,19 +216,21 @@ def _compiled_flex():
     return torch.compile(_flex, dynamic=False)
 
 
-def flex_attention(q: Tensor, k: Tensor, v: Tensor, block_mask, scale: float, options: dict | None = None) -> Tensor:
-    """FlexAttention, always through the compiler; `options`: its kernel options (tile sizes), or None.
+def flex_attention(q: Tensor, k: Tensor, v: Tensor, block_mask, scale: float) -> Tensor:
+    """FlexAttention with this project's tiles (`flex_tiles.FLEX_OPTIONS`), always through the compiler.
 
     Called eagerly, FlexAttention evaluates `mask_mod` densely and ignores the
     block sparsity, which is where the sliding window lives: it would compute
     a different function. So outside a compiled region it goes through its
-    own compiled wrapper.
+    own compiled wrapper. `flex_tiles` is imported here, not with this module:
+    it imports Inductor's heuristics (about 2 s), which only FlexAttention needs.
     """
     from torch.nn.attention.flex_attention import flex_attention as _flex
 
-    if torch.compiler.is_compiling():
-        return _flex(q, k, v, block_mask=block_mask, scale=scale, kernel_options=options)
-    return _compiled_flex()(q, k, v, block_mask=block_mask, scale=scale, kernel_options=options)
+    from speedrun.kernels.flex_tiles import FLEX_OPTIONS
+
+    fn = _flex if torch.compiler.is_compiling() else _compiled_flex()
+    return fn(q, k, v, block_mask=block_mask, scale=scale, kernel_options=FLEX_OPTIONS)
 
 
 # ---------------------------------------------------------------- interface
@@ -233,21 +239,18 @@ def flex_attention(q: Tensor, k: Tensor, v: Tensor, block_mask, scale: float, op
 class AttentionMasks:
     """Masks for one packed sequence, built once per forward, used by every layer.
 
-    `get(long)` returns the long- or short-window mask in the form the chosen
-    backend wants; `attend` runs that backend.
+    The long- and short-window masks are kept in the form the chosen backend
+    wants; `attend` runs that backend on one of them. `order_kernel`: how the
+    block lists are ordered (`block_order.order`'s impl).
     """
 
-    def __init__(self, docs: Tensor, long_blocks: Tensor, short_blocks: Tensor, block_size: int, backend: str,
-                 flex_options: dict | None = None, sparse_block: int | None = None, order_kernel: str = "auto",
-                 gluon_overlap: bool = False, gluon_q_regs: bool = False, gluon_dq_q_regs: bool = False,
-                 gluon_dkdv_smem: bool = False):
+    def __init__(self, docs: Tensor, long_blocks: Tensor, short_blocks: Tensor, block_size: int, backend: str, *,
+                 order_kernel: str = "auto"):
         self.backend = backend
-        self.gluon_variants = (gluon_overlap, gluon_q_regs, gluon_dq_q_regs, gluon_dkdv_smem)
-        self.flex_options = dict(flex_options) if flex_options else None
         if backend in ("flex", "gluon"):
             s = block_structure(docs, block_size)
-            self.long = flex_block_mask(s, long_blocks, block_size, sparse_block, order_kernel)
-            self.short = flex_block_mask(s, short_blocks, block_size, sparse_block, order_kernel)
+            self.long = flex_block_mask(s, long_blocks, block_size, order_kernel)
+            self.short = flex_block_mask(s, short_blocks, block_size, order_kernel)
         if backend == "gluon":  # the kernels read the BlockMasks' lists and the document ids themselves
             self.docs = docs
             self.long, self.short = attn_gluon.block_lists(self.long), attn_gluon.block_lists(self.short)
@@ -258,17 +261,19 @@ class AttentionMasks:
     def attend(self, q: Tensor, k: Tensor, v: Tensor, long: bool, scale: float) -> Tensor:
         mask = self.long if long else self.short
         if self.backend == "flex":
-            return flex_attention(q, k, v, mask, scale, self.flex_options)
+            return flex_attention(q, k, v, mask, scale)
         if self.backend == "gluon":
-            return attn_gluon.attention(q, k, v, self.docs, mask, scale, *self.gluon_variants)
+            return attn_gluon.attention(q, k, v, self.docs, mask, scale)
         return dense_attention(q, k, v, mask, scale)
 
 
 def pick_backend(requested: str, device: torch.device, tiles: int | None = None, head_dim: int | None = None,
-                 dtype: torch.dtype = torch.bfloat16) -> str:
+                 dtype: torch.dtype = torch.bfloat16, reference: bool = False) -> str:
     """`auto`: the Gluon kernels (`attn_gluon`) on a Hopper GPU in bfloat16 at the shapes they were measured on
     (64-token mask blocks, head_dim 128) where Gluon imports, FlexAttention on other CUDA devices, dtypes and
-    shapes, the dense reference elsewhere; ValueError where an explicit `gluon` cannot run."""
+    shapes, the dense reference elsewhere; with `reference` (train.kernels=reference) never the project's own
+    kernels: FlexAttention on a GPU (the dense reference's memory is quadratic in the row), dense on a CPU.
+    ValueError where an explicit `gluon` cannot run."""
     if requested == "gluon":
         if not _hopper(device):
             raise ValueError(f"attention.backend=gluon: its kernels are for Hopper GPUs (sm_90); this run's device "
@@ -282,7 +287,7 @@ def pick_backend(requested: str, device: torch.device, tiles: int | None = None,
         return requested
     if device.type != "cuda":
         return "dense"
-    if (_hopper(device) and tiles == 64 and head_dim == 128 and dtype == torch.bfloat16
+    if (not reference and _hopper(device) and tiles == 64 and head_dim == 128 and dtype == torch.bfloat16
             and attn_gluon.available()):
         return "gluon"
     return "flex"

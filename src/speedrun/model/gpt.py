@@ -24,11 +24,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from speedrun.model.attention import AttentionMasks, document_ids, narrow_ids
-from speedrun.config import AttentionConfig, ModelConfig, parse_flex_options
+from speedrun.config import AttentionConfig, ModelConfig
 from speedrun.kernels import head as head_ops
 from speedrun.kernels import attn_inputs
 from speedrun.kernels import embeddings
 from speedrun.kernels import relu2_mlp
+from speedrun.kernels import table as kernel_table
 
 
 EVAL_CHUNK = 16384
@@ -127,11 +128,12 @@ def _linear(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
 
 class Attention(nn.Module):
     """Q, K, V, O in one (4, H·D, dim) tensor; split in `project` and `finish`
-    so that a key-value-cached sampler can reuse the same weights."""
+    so that a key-value-cached sampler can reuse the same weights. impl: the kernels' choice
+    (`kernels.table.impl`)."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, impl: str = "auto"):
         super().__init__()
-        self.cfg = cfg
+        self.cfg, self.impl = cfg, impl
         hdim = cfg.num_heads * cfg.head_dim
         self.qkvo_w = nn.Parameter(torch.empty(4, hdim, cfg.model_dim))
         self.qkv_b = nn.Parameter(torch.zeros(3 * hdim)) if cfg.bias else None
@@ -145,7 +147,7 @@ class Attention(nn.Module):
         H, D = self.cfg.num_heads, self.cfg.head_dim
         qkv = _linear(x, self.qkvo_w[:3].flatten(end_dim=1), self.qkv_b)
         mixed = ve is not None or self.cfg.value_embeds  # v = λ0 v (+ λ1 ve)
-        if self.cfg.qk_norm and rope is not None and mixed and attn_inputs.pick_impl(qkv, self.cfg.qk_kernel) == "triton":
+        if self.cfg.qk_norm and rope is not None and mixed and attn_inputs.pick_impl(qkv, self.impl) == "triton":
             return attn_inputs.attention_inputs(qkv, ve, lambdas, rope[0], rope[1], H, "triton")  # one launch each way
         q, k, v = qkv.view(B, T, 3 * H, D).chunk(3, dim=-2)
         if self.cfg.qk_norm:
@@ -181,29 +183,29 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, impl: str = "auto"):
         super().__init__()
         self.fc_w = nn.Parameter(torch.empty(cfg.mlp_hidden, cfg.model_dim))
         self.proj_w = nn.Parameter(torch.empty(cfg.model_dim, cfg.mlp_hidden))
         self.fc_b = nn.Parameter(torch.zeros(cfg.mlp_hidden)) if cfg.bias else None
         self.proj_b = nn.Parameter(torch.zeros(cfg.model_dim)) if cfg.bias else None
         self.activation = cfg.activation
-        self.kernel, self.options = cfg.mlp_kernel, cfg.mlp_options
+        self.impl = impl
 
     def forward(self, x: Tensor) -> Tensor:
         if self.activation == "relu2" and self.fc_b is None:  # the fused kernel or its reference
-            return relu2_mlp.relu2_mlp(x, self.fc_w.type_as(x), self.proj_w.type_as(x), self.kernel, self.options)
+            return relu2_mlp.relu2_mlp(x, self.fc_w.type_as(x), self.proj_w.type_as(x), self.impl)
         h = _linear(x, self.fc_w, self.fc_b)
         h = F.relu(h).square() if self.activation == "relu2" else F.gelu(h, approximate="tanh")
         return _linear(h, self.proj_w, self.proj_b)
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int):
+    def __init__(self, cfg: ModelConfig, layer: int, impl: str = "auto"):
         super().__init__()
         self.layer = layer
-        self.attn = None if layer in cfg.no_attn_layers else Attention(cfg)
-        self.mlp = MLP(cfg)
+        self.attn = None if layer in cfg.no_attn_layers else Attention(cfg, impl)
+        self.mlp = MLP(cfg, impl)
         self.norm1 = Norm(cfg.model_dim, cfg.norm)
         self.norm2 = Norm(cfg.model_dim, cfg.norm)
 
@@ -230,20 +232,22 @@ def init_scalars(num_layers: int, pad_to: int) -> Tensor:
 
 
 class GPT(nn.Module):
-    def __init__(self, cfg: ModelConfig, attn_cfg: AttentionConfig, pad_scalars_to: int = 1):
+    """The model; kernels: `train.kernels` ("auto": each function on the kernel `kernels/table.py` names for
+    the device, "reference": on the plain PyTorch written here), read once, here."""
+
+    def __init__(self, cfg: ModelConfig, attn_cfg: AttentionConfig, pad_scalars_to: int = 1, kernels: str = "auto"):
         super().__init__()
-        self.cfg, self.attn_cfg = cfg, attn_cfg
+        self.cfg, self.attn_cfg, self.impl = cfg, attn_cfg, kernel_table.impl(kernels)
         V, d = cfg.padded_vocab, cfg.model_dim
         self.embed = nn.Embedding(V, d)
         self.value_embeds = nn.ModuleList([nn.Embedding(V, d) for _ in range(cfg.value_embeds)])
         self.pos_embed = nn.Embedding(cfg.max_positions, d) if cfg.positions == "learned" else None
         self.rotary = Rotary(cfg.head_dim, cfg.rotary) if cfg.positions == "rotary" else None
-        self.blocks = nn.ModuleList([Block(cfg, i) for i in range(cfg.num_layers)])
+        self.blocks = nn.ModuleList([Block(cfg, i, self.impl) for i in range(cfg.num_layers)])
         self.final_norm = Norm(d, cfg.norm)
         self.head_w = None if cfg.tied_head else nn.Parameter(torch.empty(V, d))
         self.scalars = nn.Parameter(init_scalars(cfg.num_layers, pad_scalars_to))
         self.attention_backend = "dense"
-        self.flex_options = parse_flex_options(attn_cfg.flex_options)  # parsed once, a constant for the compiler
         self.use_fp8 = False
         self.reset_parameters()
 
@@ -311,9 +315,9 @@ class GPT(nn.Module):
 
     def lookup_table_names(self) -> list[str | None]:
         """The embedding tables in the order `hidden` looks them up (the token embedding, then the value
-        embeddings), None for a table also read elsewhere (the token embedding as a tied head): with
-        model.embed_kernel=rows a trainer adds the named tables' gradients into its buffers row by row
-        (`grad_accum.GradBuffers`, `embed_rows`)."""
+        embeddings), None for a table also read elsewhere (the token embedding as a tied head): a
+        trainer adds the named tables' gradients into its buffers row by row (`grad_accum.GradBuffers`,
+        `embed_rows`)."""
         values = [f"value_embeds.{i}.weight" for i in range(len(self.value_embeds))]
         return [None if self.head_w is None else "embed.weight", *values]
 
@@ -342,13 +346,11 @@ class GPT(nn.Module):
         seg = self.attn_cfg.segment_len
         if seg:
             docs = docs + torch.arange(tokens.numel(), device=tokens.device) // seg * (tokens.numel() + 1)
-        if self.attention_backend == "gluon" and self.attn_cfg.gluon_docs_i32:
+        if self.attention_backend == "gluon":  # int32 ids where the largest fits: fewer registers in the kernels
             docs = narrow_ids(docs, tokens.numel() * (tokens.numel() // seg + 2 if seg else 1))
         long, short = self.window_pair(long_blocks)
         return AttentionMasks(docs, long, short, self.attn_cfg.block_size, self.attention_backend,
-                              self.flex_options, self.attn_cfg.sparse_block or None, self.attn_cfg.order_kernel,
-                              self.attn_cfg.gluon_overlap, self.attn_cfg.gluon_q_regs, self.attn_cfg.gluon_dq_q_regs,
-                              self.attn_cfg.gluon_dkdv_smem)
+                              order_kernel=self.impl)
 
     def positions(self, num_tokens: int, device, offset: int = 0) -> Tensor:
         pos = torch.arange(offset, offset + num_tokens, device=device)
@@ -385,7 +387,7 @@ class GPT(nn.Module):
         masks = self.masks(tokens, long_blocks)
         rope = self.rope(pos, tokens.numel())
         tables = [self.embed.weight, *(emb.weight for emb in self.value_embeds)]
-        looked_up = embeddings.lookups(tokens, tables, self.cfg.embed_kernel, table_sums)
+        looked_up = embeddings.lookups(tokens, tables, table_sums, self.impl)
         ve = [v.to(dtype)[None] for v in looked_up[1:]]
         x = x0 = self.embed_tokens(tokens, pos, dtype, looked_up[0])[None]
         lay = scalar_layout(self.cfg.num_layers)
@@ -415,7 +417,7 @@ class GPT(nn.Module):
                 table_sums: list[tuple[Tensor, Tensor] | None] | None = None) -> Tensor:
         """Cross-entropy: summed over tokens in training, mean in evaluation; head_q: `head_operands()`
         made for the current weights (the training head then does not quantise its weight); table_sums:
-        with model.embed_kernel=rows, a (sum, scratch) pair or None per `lookup_table_names` entry, from
+        a (sum, scratch) pair or None per `lookup_table_names` entry, from
         a trainer's `grad_accum.GradBuffers` (those tables' gradients go into the sums, `embed_rows`)."""
         return self.head_loss(self.hidden(tokens, long_blocks, dtype, table_sums)[0], targets, head_q)
 
@@ -425,15 +427,14 @@ class GPT(nn.Module):
             return self.eval_loss(x, targets)
         cfg = self.cfg
         return head_ops.head_loss(
-            x, self.head_weight, targets, cfg.logit_softcap, cfg.softcap_form, cfg.ce_kernel, self.use_fp8,
-            cfg.ce_math, cfg.head_kernel, cfg.ce_transposed, cfg.head_rowsums, head_q,
+            x, self.head_weight, targets, cfg.logit_softcap, cfg.softcap_form, self.impl, self.use_fp8, head_q,
         )
 
     @torch.no_grad()
     def head_operands(self) -> tuple[Tensor, Tensor] | None:
         """The FP8 head's weight operands for the current head weight (`head.quantize_weight`), or None
         where the head is not FP8. Stale as soon as the weight changes: a trainer makes them once a step
-        (`train.head_once`) and passes them to `forward` as head_q."""
+        and passes them to `forward` as head_q."""
         return head_ops.quantize_weight(self.head_weight) if self.use_fp8 else None
 
     def eval_loss(self, x: Tensor, targets: Tensor, chunk: int = EVAL_CHUNK) -> Tensor:

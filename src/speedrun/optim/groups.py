@@ -14,6 +14,7 @@ from torch import nn
 
 from speedrun.optim.adam import DistAdam
 from speedrun.config import OptimConfig
+from speedrun.kernels import table as kernel_table
 from speedrun.optim.muon import Muon
 
 
@@ -34,20 +35,23 @@ def split_parameters(model: nn.Module) -> dict[str, list[nn.Parameter]]:
     return parts
 
 
-def build_optimizers(model: nn.Module, cfg: OptimConfig) -> list[torch.optim.Optimizer]:
+def build_optimizers(model: nn.Module, cfg: OptimConfig, kernels: str = "auto") -> list[torch.optim.Optimizer]:
+    """The run's optimisers; kernels: `train.kernels` (the element-wise updates on `optim/kernels.py`'s
+    kernels or on their eager references)."""
     parts = split_parameters(model)
+    impl = kernel_table.impl(kernels)
     if cfg.kind == "adamw":
         decay = parts["embed"] + parts["head"] + parts["matrix"]
         groups = [dict(params=decay, weight_decay=cfg.weight_decay), dict(params=parts["scalar"], weight_decay=0.0)]
         groups = [g for g in groups if g["params"]]
-        return [DistAdam(groups, lr=cfg.adamw_lr, betas=cfg.adamw_betas, eps=cfg.adamw_eps, kernel=cfg.kernel)]
+        return [DistAdam(groups, lr=cfg.adamw_lr, betas=cfg.adamw_betas, eps=cfg.adamw_eps, kernel=impl)]
     adam_groups = [
         dict(params=parts["embed"], lr=cfg.embed_lr),
         dict(params=parts["head"], lr=cfg.head_lr),
         dict(params=parts["scalar"], lr=cfg.scalar_lr),
     ]
     adam = DistAdam([g for g in adam_groups if g["params"]], betas=cfg.adam_betas, eps=cfg.adam_eps,
-                    kernel=cfg.kernel)
+                    kernel=impl)
     muon = Muon(parts["matrix"], lr=cfg.muon_lr, momentum=cfg.muon_momentum, ns_steps=cfg.muon_ns_steps,
-                kernel=cfg.kernel)
+                kernel=impl)
     return [adam, muon]

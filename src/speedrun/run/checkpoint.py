@@ -90,7 +90,7 @@ def load_model(folder: Path, device: str | torch.device = "cpu"):
         raise ConfigError(f"{folder}: no {WEIGHTS} (the run did not finish, or this is not a model folder)")
     state = load_file(str(path))
     n_scalars = state["scalars"].numel() if "scalars" in state else 1
-    model = GPT(cfg.model, cfg.attention)
+    model = GPT(cfg.model, cfg.attention, kernels=cfg.train.kernels)
     if "scalars" in state:
         model.scalars.data = torch.ones(n_scalars)
     missing, unexpected = model.load_state_dict(state, strict=False)

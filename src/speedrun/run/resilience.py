@@ -43,8 +43,7 @@ MAY_CHANGE = tuple(f"train.{n}" for n in (
     "max_recoveries", "recover_lr_factor", "inject_fault", "log_every", "sample_tokens", "val_every",
     "warmup_steps", "warmup_steps_warm", "compile",
     # how the step is compiled and launched, not what it computes (config.py: "Speed only")
-    "precompile", "dynamo_cache", "cudagraphs", "grad_accum", "cast_once",
-    "head_once")) + ("data.data_dir", "attention.backend")
+    "precompile", "dynamo_cache", "kernels")) + ("data.data_dir", "attention.backend")
 
 
 # ---------------------------------------------------------------- command line

@@ -1,65 +1,40 @@
-"""Gradient accumulation inside the compiled backward (`train.grad_accum`).
+"""Gradient accumulation: the micro-steps' gradients added in place into buffers kept for the run.
 
-A step of the record is eight micro-steps. After each backward but the first, autograd adds every
-parameter's new gradient into `.grad` with its own eager kernel (AccumulateGrad): 390 read-read-write
-passes a step, 6.3 ms/step on an H200 (`aten::add_` in the profile), after the compiled backward has
-already written each gradient once (the float32 weights' gradients as a bfloat16 -> float32 cast).
+A step of the record is eight micro-steps. Left to autograd, after each backward but the first every
+parameter's new gradient is added into `.grad` by autograd's own eager kernel (AccumulateGrad): 390
+read-read-write passes a step, 6.3 ms/step on an H200 (`aten::add_` in the profile), after the compiled
+backward has already written each gradient once (the float32 weights' gradients as a bfloat16 -> float32
+cast). AccumulateGrad stays only as the reference the tests hold this path to, bit for bit.
 
-Here the running sums go into the compiled step as inputs, and each parameter's gradient leaves the
-backward already added to its sum: `SummedModel` hands the model, through `torch.func.functional_call`,
-each parameter wrapped in `_SumInto`, an identity whose backward returns `sum + grad`. Inductor fuses
-that add into the kernel that writes the gradient, and autograd gives the result to `.grad` as it is
-(`.grad` is cleared before each micro-step, `GradSums`), with no pass of its own.
+Here `SummedModel` hands the model, through `torch.func.functional_call`, each parameter wrapped in
+`_AddInto`, an identity whose backward adds the parameter's gradient into a buffer kept for the run
+(`GradBuffers`) in place and hands autograd nothing; the trainer makes the buffers `.grad` after the
+last micro-step. AOTAutograd keeps a backward's data mutation of a forward input that needs no gradient,
+and Inductor fuses the add into the kernel that writes the gradient, straight into the buffer. Adding
+inside the backward measured -4.08 ms/step (b01c7eb, 2026-12-01), and adding in place rather than
+returning the sums as the gradients 0.74 GiB less memory in the same time (007fa9a, 2026-12-02).
 
 Same values, bit for bit: float32 addition of the same two numbers, which is commutative. For a
 bfloat16 parameter (the embedding tables) the micro-step's gradient is rounded to bfloat16 explicitly
 first (`round_bf16`): inside a fused kernel Inductor keeps the intermediate in float32, and would
-otherwise add the unrounded value. The CPU tests hold both paths to each other exactly, compiled.
+otherwise add the unrounded value. The first micro-step adds to zeros, so that every micro-step runs one
+graph. The same code runs uncompiled (a CPU run, `train.compile=off`), eagerly.
 
-The first micro-step adds to zeros (kept, one copy of the parameters, so that every micro-step runs
-one graph). Where this cannot pay, `resolve` picks autograd: no compile, one micro-step, CUDA graphs
-(whose replays would copy the sums into static inputs), regional compilation (the add would run
-eagerly). Measured: -3.3 to -4.9 ms/step (docs/performance.md).
-
-`inplace` (`_AddInto`, `GradBuffers`): the backward adds each gradient into a persistent buffer in place
-and hands autograd nothing, and the trainer makes the buffers `.grad` after the last micro-step. The same
-fused kernel (AOTAutograd keeps a backward's data mutation of a forward input that needs no gradient,
-and Inductor writes the sum straight into the buffer) and the same values, but the buffers never move:
-CUDA graphs' replays read them where they are (`torch._dynamo.mark_static_address`) rather than copying
-them into static inputs, which is what kept `graph` and CUDA graphs apart. A parameter that no loss
-reaches keeps `.grad` None as with autograd: the model names it (`GPT.unused_parameter_names`, held to
-autograd for every preset by the tests), since the buffers cannot tell. With `model.embed_kernel=rows`
-the embedding tables the model only looks up get no wrapper: `GradBuffers` keeps a float32 scratch
+A parameter that no loss reaches keeps `.grad` None as with autograd: the model names it
+(`GPT.unused_parameter_names`, held to autograd for every preset by the tests), since the buffers cannot
+tell. The embedding tables the model only looks up get no wrapper: `GradBuffers` keeps a float32 scratch
 table for each, and the model's lookups add their gradients into the buffers row by row
 (`embed_rows.py`), with no dense table filled and read each micro-step.
 
 The float32 matrices the model only reads cast to bfloat16 (`GPT.cast_only_names`) are cast once a step
-(`StepCasts`, `train.cast_once`) rather than in every micro-step's graph: `_CastSumInto` hands the model
-the cast and returns `sum + float32(grad)` for the parameter, what the cast's backward followed by
-`_SumInto` returns. The cast is the same rounding (to nearest, ties to even) either way."""
+(`StepCasts`) rather than in every micro-step's graph: -2.94 ms/step (343d3fa, 2026-12-01). `_AddInto`
+hands the model the cast and adds `float32(grad)` into the parameter's buffer, what the cast's backward
+followed by the add gives. The cast is the same rounding (to nearest, ties to even) either way."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
-
-MODES = ("auto", "graph", "inplace", "autograd")
-
-
-def resolve(mode: str, compile_mode: str, compiled: bool, cudagraphs: bool, micro_steps: int,
-            rows: bool = False) -> str:
-    """"graph", "inplace" or "autograd" for a run: `auto` is "graph" where the whole model is compiled
-    and a step has more than one micro-step ("inplace" with CUDA graphs), else "autograd"; with `rows`
-    (model.embed_kernel=rows, whose tables add into the buffers) "inplace" wherever that runs (not
-    under regional compilation)."""
-    if mode != "auto":
-        return mode
-    whole = compiled and compile_mode in ("auto", "on")
-    if rows and (whole or not compiled):
-        return "inplace"
-    if not whole or micro_steps <= 1:
-        return "autograd"
-    return "inplace" if cudagraphs else "graph"
 
 
 def round_bf16(x: Tensor) -> Tensor:
@@ -78,35 +53,6 @@ def add_gradient(total: Tensor, grad: Tensor) -> Tensor:
     return total + grad
 
 
-class _SumInto(torch.autograd.Function):
-    """Identity on p; its backward returns the running sum plus p's gradient."""
-
-    @staticmethod
-    def forward(ctx, p: Tensor, total: Tensor) -> Tensor:
-        ctx.save_for_backward(total)
-        return p.view_as(p)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        (total,) = ctx.saved_tensors
-        return add_gradient(total, grad), None
-
-
-class _CastSumInto(torch.autograd.Function):
-    """p's value as `cast` (p cast to the compute dtype this step); its backward returns the running sum
-    plus p's gradient in p's dtype, as `p.to(dtype)` followed by `_SumInto` would."""
-
-    @staticmethod
-    def forward(ctx, p: Tensor, total: Tensor, cast: Tensor) -> Tensor:
-        ctx.save_for_backward(total)
-        return cast.view_as(cast)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        (total,) = ctx.saved_tensors
-        return total + grad.to(total.dtype), None, None
-
-
 class _AddInto(torch.autograd.Function):
     """Identity on p (or its step cast, where one is given); its backward adds p's gradient into `total`
     in place, as `add_gradient` would, and gives p none (the trainer hands p the buffer, GradBuffers)."""
@@ -123,15 +69,9 @@ class _AddInto(torch.autograd.Function):
         return None, None, None
 
 
-def _wrap(p: Tensor, total: Tensor, cast: Tensor | None, inplace: bool = False) -> Tensor:
-    if inplace:
-        return _AddInto.apply(p, total, cast)
-    return _SumInto.apply(p, total) if cast is None else _CastSumInto.apply(p, total, cast)
-
-
 def allow_caching() -> None:
     """Let AOTAutograd's cache (and so Dynamo's packages, `dynamo_cache.py`) keep graphs that hold
-    `_SumInto`: torch bypasses custom autograd Functions by default because it does not hash their
+    `_AddInto`: torch bypasses custom autograd Functions by default because it does not hash their
     code. Safe here: every cache speedrun uses is keyed by speedrun's sources (`compile_cache.key_parts`,
     `key_local_caches`), so a changed Function never meets an old entry."""
     import torch._functorch.config as cfg
@@ -144,20 +84,28 @@ def trained_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
     return [(name, p) for name, p in model.named_parameters() if p.requires_grad]
 
 
-class SummedModel(nn.Module):
-    """The step model with `train.grad_accum=graph` or `inplace`: `forward(tokens, targets, long_blocks,
-    dtype, sums, casts, scratch)` is the model's forward whose backward adds the gradients into `sums`
-    (one tensor per trained parameter, in `trained_parameters` order: returned as the parameters'
-    gradients, or with `inplace` added into the tensors themselves), reading a parameter as its entry of
-    `casts` where that is not None (`StepCasts.aligned`). With `inplace`, a parameter whose entry of
-    `scratch` is not None (`GradBuffers.scratch`) is an embedding table the model looks up row by row
-    (`embed_rows`): the model gets its (sum, scratch) pair as `table_sums`. Without sums (validation)
-    the model's forward as is. Keyword arguments go to the model's forward."""
+def compile_step_model(model: nn.Module, compiled: bool) -> nn.Module:
+    """The module the trainer calls: `SummedModel` over the model, whole-model compiled where `compiled`
+    (one graph with every block inlined: the compiler sees across blocks), else eager."""
+    allow_caching()
+    step_model = SummedModel(model)
+    if not compiled:
+        return step_model
+    return torch.compile(step_model, dynamic=False, fullgraph=True)
 
-    def __init__(self, model: nn.Module, inplace: bool = False):
+
+class SummedModel(nn.Module):
+    """The step model: `forward(tokens, targets, long_blocks, dtype, sums, casts, scratch)` is the model's
+    forward whose backward adds the gradients into `sums` in place (one tensor per trained parameter, in
+    `trained_parameters` order), reading a parameter as its entry of `casts` where that is not None
+    (`StepCasts.aligned`). A parameter whose entry of `scratch` is not None (`GradBuffers.scratch`) is an
+    embedding table the model looks up row by row (`embed_rows`): the model gets its (sum, scratch) pair
+    as `table_sums`. Without sums (validation) the model's forward as is. Keyword arguments go to the
+    model's forward."""
+
+    def __init__(self, model: nn.Module):
         super().__init__()
         self.model = model
-        self.inplace = inplace
 
     def forward(self, tokens: Tensor, targets: Tensor, long_blocks: Tensor, dtype: torch.dtype = torch.float32,
                 sums: list[Tensor] | None = None, casts: list[Tensor | None] | None = None,
@@ -170,12 +118,10 @@ class SummedModel(nn.Module):
         if not len(named) == len(sums) == len(casts) == len(scratch):
             raise ValueError(f"SummedModel: {len(sums)} sums, {len(casts)} casts and {len(scratch)} scratch "
                              f"tables for {len(named)} trained parameters")
-        if not self.inplace and any(r is not None for r in scratch):
-            raise ValueError("SummedModel: scratch tables need the in-place sums (train.grad_accum=inplace)")
         params, tables = {}, {}
         for (name, p), s, c, r in zip(named, sums, casts, scratch):
             if r is None:
-                params[name] = _wrap(p, s, c, self.inplace)
+                params[name] = _AddInto.apply(p, s, c)
             else:  # the model's own table, looked up by embed_rows.lookup_into
                 tables[name] = (s, r)
         if tables:
@@ -183,46 +129,14 @@ class SummedModel(nn.Module):
         return torch.func.functional_call(self.model, params, (tokens, targets, long_blocks, dtype), kwargs)
 
 
-class GradSums:
-    """The trainer's side of `graph`: before each micro-step, the running sums (`.grad`, or zeros where
-    there is none yet) and `.grad` cleared, so that autograd takes the backward's sums as they are;
-    after it, a sum put back where the micro-step gave its parameter no gradient."""
-
-    def __init__(self, model: nn.Module):
-        self.params = [p for _, p in trained_parameters(model)]
-        self._zeros: list[Tensor] | None = None
-        self._before: list[Tensor | None] = []
-
-    def start(self) -> None:
-        """Before a step's first micro-step: nothing to do (autograd's `.grad` is the running sum)."""
-
-    def finish(self) -> None:
-        """After a step's last micro-step: nothing to do."""
-
-    def begin(self) -> list[Tensor]:
-        if self._zeros is None:
-            self._zeros = [torch.zeros_like(p) for p in self.params]
-        self._before = [p.grad for p in self.params]
-        sums = [z if g is None else g for g, z in zip(self._before, self._zeros)]
-        for p in self.params:
-            p.grad = None
-        return sums
-
-    def end(self) -> None:
-        for p, g in zip(self.params, self._before):
-            if p.grad is None and g is not None:
-                p.grad = g
-        self._before = []
-
-
 class StepCasts:
     """The compute-dtype copies of the parameters named in `names` (`GPT.cast_only_names`), made once a
     step by `refresh` (one foreach copy) and handed to `SummedModel` by `aligned`. The trainer refreshes
     them before each step's first micro-step: the parameters change only between steps (optimiser,
-    recovery, loading), so the copies are never stale inside one. Float32 parameters only: a bfloat16 one
-    needs no cast, and `_CastSumInto`'s plain add is the float32 sum's."""
+    recovery, loading), so the copies are never stale inside one. Float32 parameters only, and only
+    where the compute dtype is another: otherwise there is nothing to cast."""
 
-    def __init__(self, model: nn.Module, names, dtype: torch.dtype, static: bool = False):
+    def __init__(self, model: nn.Module, names, dtype: torch.dtype):
         named = trained_parameters(model)
         wanted = set(names)
         unknown = wanted - {name for name, _ in named}
@@ -232,9 +146,6 @@ class StepCasts:
                       if name in wanted and p.dtype == torch.float32 and dtype != torch.float32]
         self.params = [named[i][1] for i in self.slots]
         self.copies = [torch.empty_like(p, dtype=dtype) for p in self.params]
-        if static:  # CUDA graphs: read where they are, not copied into the graphs' inputs
-            for c in self.copies:
-                torch._dynamo.mark_static_address(c)
         self.count = len(named)
 
     @torch.no_grad()
@@ -250,16 +161,15 @@ class StepCasts:
 
 
 class GradBuffers:
-    """The trainer's side of `inplace`: one buffer per trained parameter, kept for the whole run, zeroed
-    before a step's first micro-step (`start`), added into by each micro-step's backward, and made the
-    parameters' `.grad` after the last one (`finish`). With `static` (CUDA graphs) the buffers are marked
-    as static addresses, so that the graphs' replays read and write them where they are. A parameter
-    named in `unused` (one no loss reaches, `GPT.unused_parameter_names`) keeps `.grad` None, as with
-    autograd. A parameter named in `rows` (an embedding table only looked up, `GPT.lookup_table_names`,
-    with model.embed_kernel=rows) also gets a float32 scratch table of its shape (`scratch`, None for the
+    """The trainer's side of the sums: one buffer per trained parameter (`buffers`, handed to
+    `SummedModel` as its sums), kept for the whole run, zeroed before a step's first micro-step (`start`),
+    added into by each micro-step's backward, and made the parameters' `.grad` after the last one
+    (`finish`). A parameter named in `unused` (one no loss reaches, `GPT.unused_parameter_names`) keeps
+    `.grad` None, as with autograd. A parameter named in `rows` (an embedding table only looked up,
+    `GPT.lookup_table_names`) also gets a float32 scratch table of its shape (`scratch`, None for the
     others), zero now and after every micro-step (`embed_rows`)."""
 
-    def __init__(self, model: nn.Module, static: bool = False, unused=(), rows=()):
+    def __init__(self, model: nn.Module, unused=(), rows=()):
         named = trained_parameters(model)
         self.params = [p for _, p in named]
         self.buffers = [torch.zeros_like(p) for p in self.params]
@@ -269,21 +179,12 @@ class GradBuffers:
             raise ValueError(f"GradBuffers: no trained parameter named {sorted(unknown)[0]!r}")
         self.scratch = [torch.zeros_like(p, dtype=torch.float32) if name in by_rows else None for name, p in named]
         self.handed = [(p, b) for (name, p), b in zip(named, self.buffers) if name not in skip]
-        if static:
-            for b in self.buffers + [r for r in self.scratch if r is not None]:
-                torch._dynamo.mark_static_address(b)
 
     @torch.no_grad()
     def start(self) -> None:
         torch._foreach_zero_(self.buffers)
         for p in self.params:
             p.grad = None
-
-    def begin(self) -> list[Tensor]:
-        return self.buffers
-
-    def end(self) -> None:
-        """After each micro-step: nothing to do (the backward added into the buffers)."""
 
     def finish(self) -> None:
         for p, b in self.handed:

@@ -164,8 +164,6 @@ class Trainer:
     def _build(self) -> None:
         cfg, info = self.cfg, self.info
         self.compiled = self.session.compiled
-        from speedrun.compile.regional import compile_step_model
-
         self.session.open(self.out.path if self.out else None)  # before the model: the child starts early
         self.compile_cache, self.warmup_count = self.session.cache_state, self.session.warmup_count
         self.startup.mark("compile_cache")
@@ -173,23 +171,14 @@ class Trainer:
         self.startup.mark("model")
         from speedrun.train import grad_accum
 
-        rows = cfg.model.embed_kernel == "rows"
-        self.grad_accum = grad_accum.resolve(cfg.train.grad_accum, cfg.train.compile, self.compiled,
-                                             cfg.train.cudagraphs, self.micro_steps, rows)
-        graphs = self.cuda_graphs
-        rows = rows and self.grad_accum == "inplace"  # else the tables' dense gradients (same values)
-        tables = [n for n in self.model.lookup_table_names() if n] if rows else []
-        self.grad_sums = (grad_accum.GradSums(self.model) if self.grad_accum == "graph" else
-                          grad_accum.GradBuffers(self.model, graphs, self.model.unused_parameter_names(), tables)
-                          if self.grad_accum == "inplace" else None)
-        self.step_casts, self.head_q, self._head_static = None, None, None
-        if self.grad_sums is not None and cfg.train.cast_once:
-            self.step_casts = grad_accum.StepCasts(self.model, self.model.cast_only_names(), self.dtype, graphs)
-        summed = self.grad_accum if self.grad_sums is not None else False
-        self.step_model = self.session.compile(lambda: compile_step_model(  # whole model or regional
-            self.model, cfg.train.compile, self.compiled,
-                                                          cfg.train.cudagraphs, summed))
-        self.optimizers = build_optimizers(self.model, cfg.optim)
+        # the micro-steps' gradients add up in place in buffers kept for the run (grad_accum.py), the
+        # tables the model only looks up row by row; the block matrices are cast once a step
+        tables = [n for n in self.model.lookup_table_names() if n]
+        self.grad_sums = grad_accum.GradBuffers(self.model, self.model.unused_parameter_names(), tables)
+        self.step_casts = grad_accum.StepCasts(self.model, self.model.cast_only_names(), self.dtype)
+        self.head_q = None
+        self.step_model = self.session.compile(lambda: grad_accum.compile_step_model(self.model, self.compiled))
+        self.optimizers = build_optimizers(self.model, cfg.optim, cfg.train.kernels)
         train_files, self.val_file = resolve_data(cfg)
         # an id past the embedding would stop the first step with an IndexError deep in the model
         check_vocab(train_files + ([self.val_file] if self.val_file else []), cfg.model.vocab_size)
@@ -204,11 +193,7 @@ class Trainer:
             "micro_steps": self.micro_steps, "dtype": str(self.dtype).replace("torch.", ""),
             "attention_backend": self.model.attention_backend, "fp8_head": self.model.use_fp8,
             "compile": self.compiled, "device": str(self.device),
-            "cuda_graphs": self.cuda_graphs,
-            "grad_accum": self.grad_accum,
-            "embed_rows": any(r is not None for r in getattr(self.grad_sums, "scratch", ())),
-            "cast_once": self.step_casts is not None and bool(self.step_casts.copies),
-            "head_once": bool(self.cfg.train.head_once and self.model.use_fp8),
+            "embed_rows": any(r is not None for r in self.grad_sums.scratch),
         }
 
     def _write_run_header(self) -> None:
@@ -253,23 +238,15 @@ class Trainer:
         window = self.window(step)
         total = torch.zeros((), device=self.device)
         batches = self.guard.next_batches()  # skips batches marked bad after a recovery
-        if self.step_casts is not None:  # the parameters as the optimiser (or a recovery) left them
-            self.step_casts.refresh()
-        self.head_q = self.head_operands() if self.cfg.train.head_once else None
-        if self.grad_sums is not None:
-            self.grad_sums.start()
+        self.step_casts.refresh()  # the parameters as the optimiser (or a recovery) left them
+        self.head_q = self.model.head_operands()  # the FP8 head's weight operands, once a step
+        self.grad_sums.start()
         with self.guard.health.watch(step):  # activation hooks, on health steps only
-            for i, (inputs, targets) in enumerate(batches):
-                self.mark_graph_step()
+            for inputs, targets in batches:
                 loss = self.guard.loss(self.forward(inputs, targets, window))
                 (loss / len(batches)).backward()
-                if self.grad_sums is not None:
-                    self.grad_sums.end()
-                if i == 0:
-                    self.own_grads()
                 total += loss.detach()
-            if self.grad_sums is not None:
-                self.grad_sums.finish()
+            self.grad_sums.finish()
         self.guard.before_update(step)
         self.grad_norm = grad_norm(self.model) if self._log_step(step) else None
         for opt in self.optimizers:
@@ -287,52 +264,14 @@ class Trainer:
         return bool(every and step % every == 0)
 
     def forward(self, inputs: torch.Tensor, targets: torch.Tensor, window: torch.Tensor) -> torch.Tensor:
-        """A training micro-step's loss; with train.grad_accum=graph its backward adds the gradients
-        into the running sums (grad_accum.py)."""
+        """A training micro-step's loss; its backward adds the gradients into the step's sums
+        (grad_accum.py)."""
         extra = {} if self.head_q is None else {"head_q": self.head_q}
-        if self.grad_sums is None:
-            return self.step_model(inputs, targets, window, self.dtype, **extra)
-        casts = None if self.step_casts is None else self.step_casts.aligned()
-        scratch = getattr(self.grad_sums, "scratch", None)  # GradBuffers' tables for model.embed_kernel=rows
-        if scratch is not None and any(r is not None for r in scratch):
+        scratch = self.grad_sums.scratch  # the tables the model looks up row by row (embed_rows)
+        if any(r is not None for r in scratch):
             extra["scratch"] = scratch
-        return self.step_model(inputs, targets, window, self.dtype, self.grad_sums.begin(), casts, **extra)
-
-    @property
-    def cuda_graphs(self) -> bool:
-        """Does the compiled step replay as CUDA graphs (train.cudagraphs, compiled)?"""
-        return bool(self.cfg.train.cudagraphs and self.compiled)
-
-    def head_operands(self):
-        """The FP8 head's weight operands for this step (`GPT.head_operands`). With CUDA graphs they are
-        copied into tensors kept for the run, marked as static addresses: new tensors each step would be
-        copied into the graphs' inputs in every micro-step."""
-        q = self.model.head_operands()
-        if q is None or not self.cuda_graphs:
-            return q
-        if self._head_static is None:
-            self._head_static = tuple(t.clone() for t in q)
-            for t in self._head_static:
-                torch._dynamo.mark_static_address(t)
-        else:
-            with torch.no_grad():
-                torch._foreach_copy_(list(self._head_static), list(q))
-        return self._head_static
-
-    def mark_graph_step(self) -> None:
-        """With train.cudagraphs: a new graph step before each forward. The last replay's outputs (the
-        loss, the gradients) have been read by then; the next replay may overwrite them."""
-        if self.cfg.train.cudagraphs and self.compiled:
-            torch.compiler.cudagraph_mark_step_begin()
-
-    def own_grads(self) -> None:
-        """With train.cudagraphs, after the first micro-step: its gradients became `.grad` as they came out
-        of the backward's graph, in memory the next replay overwrites. Copy them out once a step; the
-        later micro-steps add into the copies. Values unchanged (tests/test_cudagraphs.py)."""
-        if self.cfg.train.cudagraphs:
-            for p in self.model.parameters():
-                if p.grad is not None:
-                    p.grad = p.grad.clone()
+        return self.step_model(inputs, targets, window, self.dtype, self.grad_sums.buffers,
+                               self.step_casts.aligned(), **extra)
 
     @torch.no_grad()
     def evaluate(self, step: int) -> float:
@@ -344,7 +283,6 @@ class Trainer:
         total, n = torch.zeros((), device=self.device), 0
         for inputs, targets in val_batches(self.val_file, t.val_tokens, t.val_seq_len, self.info.rank,
                                            self.info.world_size, self.device):
-            self.mark_graph_step()
             total += self.step_model(inputs, targets, window, self.dtype).float()
             n += 1
         self.model.train()
@@ -361,7 +299,7 @@ class Trainer:
             self.train_step(step * self.cfg.train.steps // max(n, 1))
             self.startup.mark("first_step" if step == 0 else "warmup_steps")  # the first one compiles
         self.model.load_state_dict(model_state)
-        self.optimizers = build_optimizers(self.model, self.cfg.optim)
+        self.optimizers = build_optimizers(self.model, self.cfg.optim, self.cfg.train.kernels)
         self.loader.load_state_dict(loader_state)
         self.startup.mark("restore")
 
@@ -486,7 +424,7 @@ class Trainer:
         self.session.save_packages()  # graphs compiled since the first timed step (a late first validation)
         cuda = self.device.type == "cuda"
         peak = torch.cuda.max_memory_allocated(self.device) if cuda else None
-        # CUDA graphs replay from a private pool filled at capture (in the warm-up): it shows in reserved only
+        # reserved: the allocator's peak hold, its cached free blocks included (what the card must have)
         reserved = torch.cuda.max_memory_reserved(self.device) if cuda else None
         summary = {
             "preset": self.cfg.name, "steps": t.steps, "final_val_loss": val_loss,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from speedrun.config import RunConfig
+from speedrun.config import MASK_BLOCK, RunConfig
 from speedrun.kernels.fp8 import fp8_supported
 from speedrun.model.attention import pick_backend
 from speedrun.model.gpt import GPT
@@ -24,7 +24,8 @@ def pick_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def use_compile(mode: str, device: torch.device) -> bool:
-    return mode in ("on", "regional") or (mode == "auto" and device.type == "cuda")
+    """Whole-model compile: `on` anywhere (several CPU tests run compiled), `auto` on CUDA."""
+    return mode == "on" or (mode == "auto" and device.type == "cuda")
 
 
 def resolve_data(cfg: RunConfig) -> tuple[list[Path], Path | None]:
@@ -41,19 +42,18 @@ def build_model(cfg: RunConfig, device: torch.device, world_size: int, dtype: to
     """The model exactly as the trainer runs it (seeded initialisation, embedding dtype, rotary
     table, attention backend, FP8 head); `precompile` builds the same one to compile its graphs."""
     torch.manual_seed(cfg.train.seed)
-    model = GPT(cfg.model, cfg.attention, pad_scalars_to=world_size).to(device)
+    model = GPT(cfg.model, cfg.attention, pad_scalars_to=world_size, kernels=cfg.train.kernels).to(device)
     if dtype == torch.bfloat16 and cfg.model.bf16_embeds:
         for m in model.modules():
             if isinstance(m, torch.nn.Embedding):
                 m.to(torch.bfloat16)
     if model.rotary is not None:  # rotary angles as a table: two loads instead of cos/sin per element
         model.rotary.build_table(max(cfg.train.seq_len, cfg.train.val_seq_len))
-    model.attention_backend = pick_backend(cfg.attention.backend, device,
-                                           cfg.attention.sparse_block or cfg.attention.block_size, cfg.model.head_dim,
-                                           dtype)
-    if model.attention_backend == "flex" and cfg.attention.sparse_block:
+    model.attention_backend = pick_backend(cfg.attention.backend, device, MASK_BLOCK, cfg.model.head_dim, dtype,
+                                           reference=cfg.train.kernels == "reference")
+    if model.attention_backend == "flex":
         from speedrun.kernels.flex_tiles import use_sparse_block  # imports Inductor's heuristics: ~2 s, only here
 
-        use_sparse_block(cfg.attention.sparse_block, cfg.attention.block_size, device)
+        use_sparse_block(MASK_BLOCK, cfg.attention.block_size, device)
     model.use_fp8 = cfg.model.fp8_head and fp8_supported(device)
     return model
