@@ -6,7 +6,6 @@ import torch
 
 from speedrun.config import RunConfig, apply_overrides, validate
 from speedrun.errors import ConfigError
-
 from speedrun.model.gpt import GPT
 from speedrun.recipes.presets import demo
 
@@ -48,3 +47,22 @@ def force_impl(model, impl: str) -> None:
     for module in model.modules():
         if hasattr(module, "impl"):
             module.impl = impl
+
+
+def run_forked_ranks(worker, world_size: int, out_dir, timeout_s: float = 60.0) -> list:
+    """`worker(rank, world_size, init_file, out_dir)` in world_size forked processes (a forked child starts
+    at once; a spawned one re-imports torch and Dynamo, seconds each on a shared CPU), then each rank's
+    `out_dir/rank{r}.pt`. A rank that hangs fails the test instead of blocking it."""
+    import time
+
+    import torch.multiprocessing as mp
+
+    ctx = mp.start_processes(worker, args=(world_size, str(out_dir / "init"), str(out_dir)),
+                             nprocs=world_size, join=False, start_method="fork")
+    deadline = time.monotonic() + timeout_s
+    while not ctx.join(timeout=0.5):
+        if time.monotonic() > deadline:
+            for proc in ctx.processes:
+                proc.kill()
+            pytest.fail(f"the gloo ranks did not finish in {timeout_s} s")
+    return [torch.load(out_dir / f"rank{r}.pt") for r in range(world_size)]

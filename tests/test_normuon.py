@@ -13,12 +13,11 @@ from __future__ import annotations
 import io
 import math
 import os
-import time
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from model_helpers import run_forked_ranks
 
 from speedrun.optim.normuon import (
     NorMuon,
@@ -362,28 +361,13 @@ def _mean_grads(world_size: int):
     return grads
 
 
-def _run_ranks(world_size: int, out_dir, timeout_s: float = 60.0) -> list[dict]:
-    """world_size gloo processes, forked: a spawned child re-imports torch and Dynamo (seconds each on a
-    shared CPU), a forked one starts at once; one thread each, as DataLoader workers do after a fork.
-    A rank that hangs fails the test instead of blocking it."""
-    ctx = mp.start_processes(_dist_worker, args=(world_size, str(out_dir / "init"), str(out_dir)),
-                             nprocs=world_size, join=False, start_method="fork")
-    deadline = time.monotonic() + timeout_s
-    while not ctx.join(timeout=0.5):
-        if time.monotonic() > deadline:
-            for proc in ctx.processes:
-                proc.kill()
-            pytest.fail(f"the gloo ranks did not finish in {timeout_s} s")
-    return [torch.load(out_dir / f"rank{r}.pt") for r in range(world_size)]
-
-
 @pytest.mark.distributed
 def test_two_gloo_ranks_equal_one_process(tmp_path):
     world_size = 2
     banks = _banks(2)
     opt = _make_opt(banks)  # (first, so that the forked ranks inherit torch's lazily imported modules)
     _train(opt, banks, _mean_grads(world_size), SCHEDULE)
-    results = _run_ranks(world_size, tmp_path)
+    results = run_forked_ranks(_dist_worker, world_size, tmp_path)
     for rank, result in enumerate(results):
         for b, got, state in zip(banks, result["banks"], result["states"]):
             assert torch.equal(got.view(torch.int16), b.detach().view(torch.int16))  # bit for bit

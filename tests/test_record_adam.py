@@ -13,12 +13,11 @@ from __future__ import annotations
 import io
 import math
 import os
-import time
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from model_helpers import run_forked_ranks
 
 from speedrun.optim.record_adam import (
     RECORD_ADAM_TABLE,
@@ -416,20 +415,6 @@ def _dist_worker(rank: int, world_size: int, init_file: str, out_dir: str) -> No
         dist.destroy_process_group()
 
 
-def _run_ranks(world_size: int, out_dir, timeout_s: float = 60.0) -> list[dict]:
-    """world_size gloo processes, forked (a forked child starts at once; a spawned one re-imports torch).
-    A rank that hangs fails the test instead of blocking it."""
-    ctx = mp.start_processes(_dist_worker, args=(world_size, str(out_dir / "init"), str(out_dir)),
-                             nprocs=world_size, join=False, start_method="fork")
-    deadline = time.monotonic() + timeout_s
-    while not ctx.join(timeout=0.5):
-        if time.monotonic() > deadline:
-            for proc in ctx.processes:
-                proc.kill()
-            pytest.fail(f"the gloo ranks did not finish in {timeout_s} s")
-    return [torch.load(out_dir / f"rank{r}.pt") for r in range(world_size)]
-
-
 @pytest.mark.distributed
 def test_two_gloo_ranks_equal_one_process(tmp_path):
     world_size = 2
@@ -441,7 +426,7 @@ def test_two_gloo_ranks_equal_one_process(tmp_path):
         return {k: (per_rank[0][k] + per_rank[1][k]) / world_size for k in n}
 
     _train_world(opt, named, mean_grads)
-    results = _run_ranks(world_size, tmp_path)
+    results = run_forked_ranks(_dist_worker, world_size, tmp_path)
     sharded = {"embed", "lm_head", "value_embeds", "scalars"}
     for rank, result in enumerate(results):
         for k, p in named.items():
