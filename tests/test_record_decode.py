@@ -16,6 +16,7 @@ import dataclasses
 
 import pytest
 import torch
+from test_record_model import randomize
 
 from speedrun.model import record_parts
 from speedrun.model.record import RecordGPT, RecordModelConfig
@@ -41,18 +42,6 @@ def one_thread():
 
 
 @torch.no_grad()
-def randomize(model: RecordGPT, seed: int) -> RecordGPT:
-    """Every parameter but γ moved off its init (zero tables, gates, MLP-out and generator W2 included):
-    bf16 tensors by N(0, 1/last dim), the generators' biases by N(0, 1), fp32 scalars by N(0, 0.2²)."""
-    g = torch.Generator().manual_seed(seed)
-    for name, p in model.named_parameters():
-        if name == "mudd_gate_scale":
-            continue
-        std = 1.0 if name.endswith("_b2") else 0.2 if p.dtype == torch.float32 else p.shape[-1] ** -0.5
-        p.add_((torch.randn(p.shape, generator=g) * std).to(p.dtype))
-    return model
-
-
 def build(cfg: RecordModelConfig) -> RecordGPT:
     return randomize(RecordGPT(cfg, generator=torch.Generator().manual_seed(3)), 4)
 

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from speedrun.optim.muon import Collectives, Pending, ShardedOptimizer, done
 from speedrun.optim.kernels import IMPLS, adam_step
+from speedrun.optim.muon import Collectives, Pending, ShardedOptimizer, done
 
 
 @dataclass

@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from speedrun.optim.adam import DistAdam
 from speedrun.config import OptimConfig
 from speedrun.kernels import table as kernel_table
+from speedrun.optim.adam import DistAdam
 from speedrun.optim.muon import Muon
 
 

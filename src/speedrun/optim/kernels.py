@@ -30,7 +30,6 @@ the last bits); Muon's step 4,693 → 4,819 µs, no gain.
 
 from __future__ import annotations
 
-
 import numpy as np
 import torch
 from torch import Tensor

@@ -43,7 +43,6 @@ from torch import Tensor
 from speedrun.optim import kernels as optim_kernels
 from speedrun.optim.newton_schulz import IMPLS, newton_schulz
 
-
 # ---------------------------------------------------------------------------
 # Asynchronous collectives with a gloo fallback (shared with DistAdam).
 # ---------------------------------------------------------------------------

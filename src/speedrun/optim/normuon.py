@@ -53,6 +53,7 @@ from torch import Tensor
 
 from speedrun.optim.muon import Collectives, Pending, done
 from speedrun.optim.polar_express import polar_express
+from speedrun.optim.saved_state import restore_as_saved
 
 STATE_KEYS = ("momentum_buffer", "second_momentum_buffer", "mantissa")
 
@@ -290,12 +291,7 @@ class NorMuon(torch.optim.Optimizer):
         tensor is put back as saved (on the parameter's device).
         """
         super().load_state_dict(state_dict)
-        saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
-        params = [p for g in self.param_groups for p in g["params"]]
-        for i, p in zip(saved_ids, params):
-            for key, value in state_dict["state"].get(i, {}).items():
-                if torch.is_tensor(value):
-                    self.state[p][key] = value.to(device=p.device, copy=True)
+        restore_as_saved(self, state_dict)
 
     @torch.no_grad()
     def reset_state(self) -> None:

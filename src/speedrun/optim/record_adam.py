@@ -51,6 +51,7 @@ import torch
 from torch import Tensor
 
 from speedrun.optim.muon import Collectives, Pending, done
+from speedrun.optim.saved_state import restore_as_saved
 
 MOMENT_KEYS = ("exp_avg", "exp_avg_sq")
 
@@ -340,12 +341,7 @@ class RecordAdam(torch.optim.Optimizer):
         saved tensors are put back as saved (on the parameter's device).
         """
         super().load_state_dict({k: v for k, v in state_dict.items() if k != "tied"})
-        saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
-        params = [p for g in self.param_groups for p in g["params"]]
-        for i, p in zip(saved_ids, params):
-            for key, value in state_dict["state"].get(i, {}).items():
-                if torch.is_tensor(value):
-                    self.state[p][key] = value.to(device=p.device, copy=True)
+        restore_as_saved(self, state_dict)
         self.tied = bool(state_dict["tied"]) and self.embed is not None
 
 
