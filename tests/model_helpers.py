@@ -7,7 +7,7 @@ import torch
 from speedrun.config import RunConfig, apply_overrides, validate
 from speedrun.errors import ConfigError
 from speedrun.model.gpt import GPT
-from speedrun.recipes.presets import demo
+from speedrun.recipes.presets import demo_2025_08 as demo
 
 
 def random_tiny_model(seed=0, **fields):

@@ -14,7 +14,7 @@ import torch
 from speedrun.cli import main as cli
 
 TINY = [
-    "--no-progress",
+    "--preset", "demo_2025_08", "--no-progress",
     "--set", "model.num_layers=2", "--set", "model.value_embeds=0", "--set", "model.model_dim=32",
     "--set", "model.num_heads=1", "--set", "model.head_dim=32", "--set", "model.mlp_hidden=64",
     "--set", "model.long_layers=0", "--set", "train.seq_len=128", "--set", "train.batch_seqs=2",

@@ -30,14 +30,14 @@ def tiny_args(*extra: str) -> list[str]:
     out = []
     for o in TINY:
         out += ["--set", o]
-    return ["bench", "--preset", "demo", *out, *extra]
+    return ["bench", "--preset", "demo_2025_08", *out, *extra]
 
 
 # ---------------------------------------------------------------- FLOP count
 
 
 def test_flops_hand_count_tiny():
-    cfg = apply_overrides(get_preset("demo"), TINY + ["model.no_attn_layers=1", "train.seq_len=512"])
+    cfg = apply_overrides(get_preset("demo_2025_08"), TINY + ["model.no_attn_layers=1", "train.seq_len=512"])
     # layer 0: QKVO 4*64*64 + gate 1*12; both layers: MLP 2*64*128; head 50304*64
     weights = (4 * 64 * 64 + 12) + 2 * (2 * 64 * 128) + 50304 * 64
     assert bench.matmul_weights(cfg) == weights == 3_268_620
@@ -55,7 +55,7 @@ def test_mean_keys_full_causal():
 
 
 def test_flops_record_matches_anchor():
-    cfg = get_preset("record")
+    cfg = get_preset("record_2025_08")
     assert bench.matmul_weights(cfg) == pytest.approx(1.2e8, rel=0.02)
     f = bench.flops_per_token(cfg)
     assert f == pytest.approx(7.8e8, rel=0.10)
@@ -142,7 +142,7 @@ def test_bench_cpu_tiny(tmp_path, capsys, monkeypatch):
     assert r["ms_per_step"] > 0 and len(r["ms_per_step_groups"]) == 1
     assert r["tokens_per_step"] == 512
     assert r["tokens_per_s"] == pytest.approx(512 / (r["ms_per_step"] / 1000))
-    cfg = apply_overrides(get_preset("demo"), TINY)
+    cfg = apply_overrides(get_preset("demo_2025_08"), TINY)
     assert r["flops_per_token"] == pytest.approx(bench.flops_per_token(cfg))
     assert r["achieved_flops_per_s"] == pytest.approx(r["tokens_per_s"] * r["flops_per_token_timed"])
     assert 0 < r["fraction_of_peak"] < 2
@@ -158,7 +158,7 @@ def test_plan_collectives_two_ranks():
     from speedrun.model.gpt import GPT
     from speedrun.optim.groups import build_optimizers
 
-    cfg = apply_overrides(get_preset("demo"), TINY)
+    cfg = apply_overrides(get_preset("demo_2025_08"), TINY)
     model = GPT(cfg.model, cfg.attention, pad_scalars_to=2)
     plan = bench.plan_collectives(build_optimizers(model, cfg.optim), 2)
     assert bench.plan_collectives(build_optimizers(model, cfg.optim), 1) == []
@@ -193,17 +193,17 @@ def test_bench_comm_two_processes_gloo(tmp_path):
 
 
 def test_cache_key_changes_with_every_input():
-    cfg = get_preset("demo")
+    cfg = get_preset("demo_2025_08")
     parts = compile_cache.key_parts(cfg, "cpu", 1)
     base = compile_cache.key_from_parts(parts)
-    assert base == compile_cache.cache_key(get_preset("demo"), "cpu", 1)
+    assert base == compile_cache.cache_key(get_preset("demo_2025_08"), "cpu", 1)
     for name, value in [("torch", "9.9"), ("triton", "0.0"), ("cuda", "99.0"), ("python", "3.99"),
                         ("device", "NVIDIA H200 sm_90"), ("speedrun", "0.0.1"), ("sources", "0" * 64),
                         ("world_size", 2)]:
         assert compile_cache.key_from_parts({**parts, name: value}) != base, name
-    other = apply_overrides(get_preset("demo"), ["model.num_layers=4"])
+    other = apply_overrides(get_preset("demo_2025_08"), ["model.num_layers=4"])
     assert compile_cache.cache_key(other, "cpu", 1) != base
-    steps = apply_overrides(get_preset("demo"), ["train.steps=7"])  # does not change the graphs
+    steps = apply_overrides(get_preset("demo_2025_08"), ["train.steps=7"])  # does not change the graphs
     assert compile_cache.cache_key(steps, "cpu", 1) == base
 
 
@@ -264,7 +264,7 @@ def test_cache_torch_refusal_ignored_with_warning(fake_torch_cache, monkeypatch)
 
 
 def test_load_for_run_logs_status(fake_torch_cache, monkeypatch):
-    cfg = get_preset("demo")
+    cfg = get_preset("demo_2025_08")
     lines = []
     key = compile_cache.cache_key(cfg, "cpu", 1)
     assert compile_cache.load_for_run(cfg, "cpu", 1, lines.append) == f"none ({key})"
@@ -276,7 +276,7 @@ def test_load_for_run_logs_status(fake_torch_cache, monkeypatch):
 
 
 def test_miss_names_the_nearest_file_and_what_differs(fake_torch_cache):
-    cfg = get_preset("demo")
+    cfg = get_preset("demo_2025_08")
     parts = compile_cache.key_parts(cfg, "cpu", 1)
     older = {**parts, "torch": "2.11.0+cu130"}  # one field off: an upgrade of torch
     far = {**parts, "torch": "2.11.0+cu130", "sources": "0" * 64, "world_size": 8,
@@ -306,7 +306,7 @@ def test_records_survive_damage_and_old_files(fake_torch_cache):
     compile_cache.record_path("bad").write_text("{not json")
     entries = {e["key"]: e for e in compile_cache.stored()}
     assert set(entries) == {"old", "bad"} and entries["old"]["record"] is None and entries["bad"]["record"] is None
-    assert compile_cache.nearest_miss(compile_cache.key_parts(get_preset("demo"), "cpu", 1)) is None
+    assert compile_cache.nearest_miss(compile_cache.key_parts(get_preset("demo_2025_08"), "cpu", 1)) is None
     assert not list(compile_cache.cache_dir().glob(".*.tmp"))
 
 
@@ -314,25 +314,25 @@ def test_cache_command_lists_files_and_checks_a_preset(fake_torch_cache, capsys,
     from speedrun.cli.main import main
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the check is of a run on the CPU
-    cfg = apply_overrides(get_preset("demo"), ["train.compile=on"])  # a run that compiles there
+    cfg = apply_overrides(get_preset("demo_2025_08"), ["train.compile=on"])  # a run that compiles there
     parts = compile_cache.key_parts(cfg, "cpu", 1)
     key = compile_cache.key_from_parts(parts)
     compile_cache.save(key)
-    compile_cache.save_record(key, parts, "demo", ["train.compile=on"])
-    check = ["cache", "--preset", "demo", "--set", "train.compile=on"]
+    compile_cache.save_record(key, parts, "demo_2025_08", ["train.compile=on"])
+    check = ["cache", "--preset", "demo_2025_08", "--set", "train.compile=on"]
     assert main(check) == 0
     out = capsys.readouterr().out
-    assert "1 file(s)" in out and f"| {key} | demo --set train.compile=on |" in out
+    assert "1 file(s)" in out and f"| {key} | demo_2025_08 --set train.compile=on |" in out
     assert f"| {torch.__version__} |" in out and "| 1 |" in out
-    assert f"demo on this machine (cpu {platform.machine()}, world size 1): key {key}: stored; a run loads it" in out
+    assert f"demo_2025_08 on this machine (cpu {platform.machine()}, world size 1): key {key}: stored; a run loads it" in out
     assert main(check + ["--world-size", "2"]) == 0
     out = capsys.readouterr().out
-    assert ("no file; `torchrun --standalone --nproc_per_node=2 -m speedrun.cli warm --preset demo "
+    assert ("no file; `torchrun --standalone --nproc_per_node=2 -m speedrun.cli warm --preset demo_2025_08 "
             "--set train.compile=on` makes one") in out
-    assert f"nearest file {key} (demo) was made for another setup: world_size 1 (this run: 2)" in out
+    assert f"nearest file {key} (demo_2025_08) was made for another setup: world_size 1 (this run: 2)" in out
     assert main(check + ["--set", "train.seq_len=512"]) == 0  # the advice is the run's own command
     out = capsys.readouterr().out
-    assert "`speedrun warm --preset demo --set train.compile=on --set train.seq_len=512` makes one" in out
+    assert "`speedrun warm --preset demo_2025_08 --set train.compile=on --set train.seq_len=512` makes one" in out
     assert main(["cache", "--preset", "no-such-preset"]) != 0
     assert "no-such-preset" in capsys.readouterr().err
 
@@ -344,17 +344,17 @@ def test_cache_and_warm_agree_where_nothing_is_compiled(fake_torch_cache, capsys
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(bench, "Session", None)  # warm refuses before it builds anything
     reason = "nothing is compiled on cpu (train.compile=auto compiles on CUDA only)"
-    assert main(["cache", "--preset", "demo"]) == 0
+    assert main(["cache", "--preset", "demo_2025_08"]) == 0
     out = capsys.readouterr().out
     assert f"world size 1): no compile cache to make or load: {reason}" in out and "speedrun warm" not in out
-    assert main(["warm", "--preset", "demo"]) == 2
-    assert capsys.readouterr().err.strip() == f"speedrun: error: warm --preset demo: nothing to cache: {reason}"
-    assert main(["cache", "--preset", "demo", "--set", "train.compile=off"]) == 0
+    assert main(["warm", "--preset", "demo_2025_08"]) == 2
+    assert capsys.readouterr().err.strip() == f"speedrun: error: warm --preset demo_2025_08: nothing to cache: {reason}"
+    assert main(["cache", "--preset", "demo_2025_08", "--set", "train.compile=off"]) == 0
     assert "no compile cache to make or load: nothing is compiled (train.compile=off)" in capsys.readouterr().out
     monkeypatch.delattr(torch.compiler, "save_cache_artifacts")
-    assert main(["warm", "--preset", "demo", "--set", "train.compile=on"]) == 2
+    assert main(["warm", "--preset", "demo_2025_08", "--set", "train.compile=on"]) == 2
     assert "has no torch.compiler.save_cache_artifacts" in capsys.readouterr().err
-    assert main(["cache", "--preset", "demo", "--set", "train.compile=on"]) == 0
+    assert main(["cache", "--preset", "demo_2025_08", "--set", "train.compile=on"]) == 0
     assert "has no torch.compiler.save_cache_artifacts" in capsys.readouterr().out
 
 
@@ -363,7 +363,7 @@ def test_cache_degrades_without_torch_support(tmp_path, monkeypatch):
     monkeypatch.delattr(torch.compiler, "save_cache_artifacts")
     assert not compile_cache.available()
     assert compile_cache.save("k") is None and not compile_cache.load("k")
-    assert compile_cache.load_for_run(get_preset("demo"), "cpu", 1, None).startswith("unavailable")
+    assert compile_cache.load_for_run(get_preset("demo_2025_08"), "cpu", 1, None).startswith("unavailable")
 
 
 @pytest.mark.slow
@@ -374,7 +374,7 @@ def test_warm_then_run_loads_cache(tmp_path, monkeypatch, capsys):
     torch._dynamo.reset()
     monkeypatch.setenv("SPEEDRUN_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    args = ["warm", "--preset", "demo", "--warmup", "1"]
+    args = ["warm", "--preset", "demo_2025_08", "--warmup", "1"]
     for o in TINY + ["train.compile=on"]:
         args += ["--set", o]
     assert main(args) == 0
@@ -386,9 +386,9 @@ def test_warm_then_run_loads_cache(tmp_path, monkeypatch, capsys):
         warnings.simplefilter("error")  # a valid file loads without any warning
         assert compile_cache.read_file(files[0]) is not None
     record = compile_cache.read_record(compile_cache.record_path(files[0].stem))
-    assert record["preset"] == "demo" and record["key"] == files[0].stem
+    assert record["preset"] == "demo_2025_08" and record["key"] == files[0].stem
     assert compile_cache.key_from_parts(record["parts"]) == files[0].stem  # the record is the key's parts
-    check = ["cache", "--preset", "demo"] + [a for o in TINY + ["train.compile=on"] for a in ("--set", o)]
+    check = ["cache", "--preset", "demo_2025_08"] + [a for o in TINY + ["train.compile=on"] for a in ("--set", o)]
     assert main(check) == 0
     assert f"key {files[0].stem}: stored; a run loads it" in capsys.readouterr().out
     torch._dynamo.reset()
@@ -427,7 +427,7 @@ def test_random_data_is_capped_and_the_loader_wraps(tmp_path):
     from speedrun.data.loader import TrainLoader
     from speedrun.data.shards import read_shard
 
-    cfg = apply_overrides(get_preset("demo"), TINY)
+    cfg = apply_overrides(get_preset("demo_2025_08"), TINY)
     bench.write_random_data(tmp_path / "a", cfg, 1695, world_size=1)
     bench.write_random_data(tmp_path / "b", cfg, bench.RANDOM_DATA_MAX_STEPS, world_size=1)
     size = lambda d: sum(len(read_shard(f)) for f in sorted(d.glob("bench_train_*.bin")))

@@ -23,14 +23,17 @@ def test_presets_lists_every_preset_base_presets_first(capsys):
     lines = capsys.readouterr().out.splitlines()
     listed = [line.split()[0] for line in lines if line.startswith("  ")]
     assert sorted(listed) == sorted(registry()) and len(listed) == len(registry())  # each once
-    assert listed[:3] == ["record", "proxy212", "demo"] and listed[3] == "llmc_baseline"
-    assert "  demo " in lines[3] and "The record's architecture, small" in lines[3]  # the docstring's first line
+    assert listed[:7] == ["record", "proxy161", "proxy322", "demo", "record_2025_08", "proxy212", "demo_2025_08"]
+    assert listed[7] == "llmc_baseline"
+    demo = next(line for line in lines if line.startswith("  demo "))
+    assert "The record's architecture at a CPU size" in demo  # the docstring's first line
 
 
 def test_presets_json(capsys):
     assert main(["presets", "--json"]) == 0
     rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
     assert set(rows) == set(registry())
-    assert rows["record"]["base"] and rows["record"]["rung"]
+    assert rows["record"]["base"] and not rows["record"]["rung"]
+    assert rows["record_2025_08"]["base"] and rows["record_2025_08"]["rung"]
     assert rows["proxy212"]["base"] and not rows["proxy212"]["rung"]
     assert rows["muon"]["rung"] and not rows["muon"]["base"] and rows["muon"]["description"].startswith("2024-10-04")

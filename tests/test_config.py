@@ -62,12 +62,12 @@ def test_every_number_refuses_a_value_below_its_range(path, tp):
 ])
 def test_out_of_range_is_one_line_naming_the_field(override, message):
     with pytest.raises(ConfigError) as err:
-        validate(apply_overrides(get_preset("record"), [override]))
+        validate(apply_overrides(get_preset("record_2025_08"), [override]))
     assert str(err.value).startswith(message)
 
 
 def test_the_edges_of_the_ranges_are_in():
-    validate(apply_overrides(get_preset("record"), [
+    validate(apply_overrides(get_preset("record_2025_08"), [
         "optim.muon_lr=0", "optim.embed_lr=0", "model.long_layers=11", "model.no_attn_layers=0,11",
         "optim.adam_betas=0,0.999", "schedule.final_lr_frac=1", "schedule.momentum_warmup_frac=1.5",
         "model.logit_softcap=0", "model.attn_scale=0", "optim.muon_ns_steps=0", "train.seed=0"]))
@@ -76,7 +76,7 @@ def test_the_edges_of_the_ranges_are_in():
 def test_the_command_line_refuses_before_training(tmp_path, capsys):
     from speedrun.cli.main import main
 
-    assert main(["train", "--preset", "demo", "--out", str(tmp_path / "run"), "--set", "optim.muon_lr=-1"]) == 2
+    assert main(["train", "--preset", "demo_2025_08", "--out", str(tmp_path / "run"), "--set", "optim.muon_lr=-1"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == "speedrun: error: optim.muon_lr: must be >= 0, got -1.0"
     assert not (tmp_path / "run" / "metrics.jsonl").exists()

@@ -18,7 +18,7 @@ import torch
 
 from speedrun.compile import dynamo_cache
 from speedrun.compile.cache import cache_key
-from speedrun.recipes.presets import demo
+from speedrun.recipes.presets import demo_2025_08 as demo
 
 pytestmark = pytest.mark.skipif(not dynamo_cache.supported(), reason="this torch has no caching precompile")
 
@@ -104,7 +104,7 @@ def test_no_packages_no_save():
     assert dynamo_cache.save(None) is False
 
 
-TINY = ["--preset", "demo", "--no-progress", "--set", "model.num_layers=2", "--set", "model.value_embeds=1",
+TINY = ["--preset", "demo_2025_08", "--no-progress", "--set", "model.num_layers=2", "--set", "model.value_embeds=1",
         "--set", "model.model_dim=32", "--set", "model.num_heads=2", "--set", "model.head_dim=16",
         "--set", "model.mlp_hidden=64", "--set", "model.long_layers=0", "--set", "train.compile=on",
         "--set", "train.warmup_steps=2", "--set", "train.steps=3", "--set", "train.val_every=3",

@@ -22,7 +22,7 @@ from interpreter_helpers import run_interpreted
 from speedrun.kernels import embed_rows
 from speedrun.kernels import embeddings
 from speedrun.train import grad_accum
-from speedrun.recipes.presets import record
+from speedrun.recipes.presets import record_2025_08 as record
 from speedrun.train.grad_accum import compile_step_model
 
 

@@ -8,9 +8,9 @@ import torch
 
 from speedrun.run.checkpoint import save_model_files
 from speedrun.cli.main import main
-from speedrun.tools.export_hf import export
+from speedrun.tools.export import export
 from speedrun.model.gpt import GPT
-from speedrun.recipes.presets import demo
+from speedrun.recipes.presets import demo_2025_08 as demo
 from speedrun.tools.sample import final_window
 from speedrun.data.tokenizer import encode
 

@@ -183,7 +183,7 @@ def test_model_passes_its_head_settings(monkeypatch):
     the forward's head_q (train.head_once) as its w_q."""
     from speedrun.model import gpt as model_module
     from speedrun.config import apply_overrides
-    from speedrun.recipes.presets import demo
+    from speedrun.recipes.presets import demo_2025_08 as demo
 
     seen = {}
 

@@ -49,8 +49,8 @@ def test_bad_config_is_refused(tmp_path, capsys, args, needle):
 
 
 def test_world_size_the_preset_cannot_divide():
-    with pytest.raises(ConfigError, match=r"world size 3: preset 'record' splits train.batch_seqs=8 .*\[1, 2, 4, 8\]"):
-        validate(get_preset("record"), world_size=3)
+    with pytest.raises(ConfigError, match=r"world size 3: preset 'record_2025_08' splits train.batch_seqs=8 .*\[1, 2, 4, 8\]"):
+        validate(get_preset("record_2025_08"), world_size=3)
 
 
 CHOICES = [  # every option with a fixed set of values, and that set as validate() spells it
@@ -65,7 +65,7 @@ CHOICES = [  # every option with a fixed set of values, and that set as validate
 
 @pytest.mark.parametrize("option, allowed", CHOICES)
 def test_every_choice_refuses_a_value_outside_it(option, allowed):
-    cfg = get_preset("record")
+    cfg = get_preset("record_2025_08")
     section, field = option.split(".")
     setattr(getattr(cfg, section), field, "bogus")
     with pytest.raises(ConfigError) as err:
@@ -83,8 +83,8 @@ def test_finished_run_is_not_overwritten(tmp_path, capsys):
 
 
 def test_resume_from_another_preset(stopped_run, capsys):
-    err = _one_line_error(capsys, main(["train", "--resume", str(stopped_run), "--preset", "record"]))
-    assert "checkpoint is preset 'demo', command line asks 'record'" in err
+    err = _one_line_error(capsys, main(["train", "--resume", str(stopped_run), "--preset", "record_2025_08"]))
+    assert "checkpoint is preset 'demo_2025_08', command line asks 'record_2025_08'" in err
     assert "model.num_layers: checkpoint 2, now 12" in err
 
 
@@ -193,7 +193,7 @@ def test_cuda_out_of_memory_names_the_settings(tmp_path, capsys):
 def test_out_of_memory_in_validation_puts_val_seq_len_first():
     from speedrun.run.faults import out_of_memory
 
-    msg = str(out_of_memory(get_preset("record"), 8, "validation"))
+    msg = str(out_of_memory(get_preset("record_2025_08"), 8, "validation"))
     assert msg.startswith("CUDA out of memory during validation (8 GPU(s)); lower memory with "
                           "--set train.val_seq_len=131072")
     assert "--set train.seq_len=24576" in msg and "nproc_per_node" not in msg

@@ -14,7 +14,7 @@ from speedrun.cli import main as cli
 from speedrun.config import RunConfig, apply_overrides, diff, validate
 from speedrun.errors import ConfigError
 from speedrun.recipes.ladder import PROXY_TOKENS, get_rung, proxy_steps, report, rung_diff, rungs
-from speedrun.recipes.presets import record
+from speedrun.recipes.presets import record_2025_08 as record
 from speedrun.recipes.registry import registry
 
 RUNGS = rungs()
@@ -77,7 +77,7 @@ def test_every_rung_trains_two_steps(ladder_runs, name):
 
 
 def test_ladder_order_and_record():
-    assert NAMES[0] == "llmc_baseline" and NAMES[-1] == "record"
+    assert NAMES[0] == "llmc_baseline" and NAMES[-1] == "record_2025_08"
     assert len(set(NAMES)) == len(NAMES) >= 15
     assert RUNGS[-1].build is record
     assert [r.parent for r in RUNGS] == [None] + NAMES[:-1]
@@ -85,7 +85,7 @@ def test_ladder_order_and_record():
     assert dates == sorted(dates)
     for name in ["llmc_baseline", "adamw_rotary", "muon", "modern_arch", "untied_head", "value_skips", "unet",
                  "flex_attention", "window_warmup", "value_embeds", "long_short", "fp8_head", "smaller_batch",
-                 "bos_align", "record"]:
+                 "bos_align", "record_2025_08"]:
         assert name in NAMES
 
 
@@ -114,14 +114,14 @@ def test_historical_facts():
     assert (base.optim.kind, base.model.activation, base.model.positions, base.model.tied_head) == \
         ("adamw", "gelu", "learned", True)
     assert base.model.padded_vocab == 50257 and base.attention.segment_len == 1024
-    assert get_rung("llmc_baseline").tokens_per_step == 524_288 and get_rung("record").tokens_per_step == 393_216
+    assert get_rung("llmc_baseline").tokens_per_step == 524_288 and get_rung("record_2025_08").tokens_per_step == 393_216
     assert get_rung("muon").record_steps is None
     assert diff(get_rung("bos_align").build(), rec).keys() == {"model.attn_gate", "train.steps"}
 
 
 def test_proxy_steps_match_proxy212_tokens():
     assert PROXY_TOKENS == 83_361_792
-    assert proxy_steps("record") == 212 and proxy_steps("llmc_baseline") == 159
+    assert proxy_steps("record_2025_08") == 212 and proxy_steps("llmc_baseline") == 159
     for r in RUNGS:
         assert abs(proxy_steps(r) * r.tokens_per_step - PROXY_TOKENS) <= r.tokens_per_step / 2
 
@@ -183,14 +183,14 @@ def test_cli_table_json_diff_proxy(capsys):
     assert "model.unet: False -> True" in out and "train.steps: 3242 -> 3000" in out
     assert cli.main(["ladder", "--proxy-steps", "value_embeds"]) == 0
     assert capsys.readouterr().out.strip() == "159"
-    assert cli.main(["ladder", "--diff", "recod"]) != 0
-    assert "did you mean 'record'" in capsys.readouterr().err
+    assert cli.main(["ladder", "--diff", "record_2025_8"]) != 0
+    assert "did you mean 'record_2025_08'" in capsys.readouterr().err
 
 
 def test_report_tabulates_runs_in_ladder_order(ladder_runs, capsys):
-    table = report([ladder_runs["record"], ladder_runs["llmc_baseline"], ladder_runs["unet"]])
+    table = report([ladder_runs["record_2025_08"], ladder_runs["llmc_baseline"], ladder_runs["unet"]])
     lines = table.splitlines()
-    assert [ln.split("|")[1].strip() for ln in lines[2:]] == ["llmc_baseline", "unet", "record"]
+    assert [ln.split("|")[1].strip() for ln in lines[2:]] == ["llmc_baseline", "unet", "record_2025_08"]
     assert "(vs llmc_baseline)" in lines[3] and "(vs unet)" in lines[4]
-    assert cli.main(["ladder", "--report", str(ladder_runs["record"])]) == 0
-    assert "| record | 2 |" in capsys.readouterr().out
+    assert cli.main(["ladder", "--report", str(ladder_runs["record_2025_08"])]) == 0
+    assert "| record_2025_08 | 2 |" in capsys.readouterr().out

@@ -7,7 +7,7 @@ import torch
 
 from speedrun.config import apply_overrides
 from speedrun.model.gpt import GPT, count_parameters
-from speedrun.recipes.presets import demo, record
+from speedrun.recipes.presets import demo_2025_08 as demo, record_2025_08 as record
 
 
 def tiny(**overrides):

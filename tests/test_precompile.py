@@ -19,7 +19,7 @@ import torch
 from speedrun.compile import precompile
 from speedrun.config import apply_overrides
 from speedrun.train.dist import DistInfo
-from speedrun.recipes.presets import demo
+from speedrun.recipes.presets import demo_2025_08 as demo
 
 
 def _popen(code: str, tmp_path):

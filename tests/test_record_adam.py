@@ -45,7 +45,7 @@ SPEC_TABLE = {  # copied from the spec: name → (β1, β2, lr_mul, wd_mul)
     "mudd_gate_w1": (0.9, 0.99, 0.1, 1),
     "mudd_gate_w2": (0.9, 0.99, 0.1, 1),
     "mudd_gate_b2": (0.9, 0.99, 0.1, 0),
-    "_mudd_gate_scale": (0.9, 0.99, 0.1, 0),
+    "mudd_gate_scale": (0.9, 0.99, 0.1, 0),
 }
 
 
@@ -374,7 +374,7 @@ def _world_params() -> dict[str, torch.nn.Parameter]:
     gen = _gen(8)
     named["value_embeds"] = torch.nn.Parameter(torch.randn(6, 4, generator=gen).bfloat16())
     named["resid_lambdas"] = torch.nn.Parameter(torch.randn(5, generator=gen))
-    named["_mudd_gate_scale"] = torch.nn.Parameter(torch.tensor(0.1))
+    named["mudd_gate_scale"] = torch.nn.Parameter(torch.tensor(0.1))
     named["smear_gate"] = torch.nn.Parameter(torch.randn(1, 6, generator=gen).bfloat16())
     return named
 

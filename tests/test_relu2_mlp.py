@@ -74,7 +74,7 @@ _INTERPRETED = textwrap.dedent(r'''
     # the model passes its MLPs' impl down to the op: both layers' products on the kernel
     from speedrun.config import apply_overrides
     from speedrun.model.gpt import GPT, MLP
-    from speedrun.recipes.presets import demo
+    from speedrun.recipes.presets import demo_2025_08 as demo
     calls = []
     real = R.forward_product, R.backward_product
     R.forward_product = lambda *a, **k: (calls.append("fwd"), real[0](*a, **k))[1]

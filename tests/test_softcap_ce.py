@@ -81,7 +81,7 @@ def test_the_form_and_cap_choose_the_kernel():
 
 
 def _tiny_cfg(**extra):
-    from speedrun.recipes.presets import demo
+    from speedrun.recipes.presets import demo_2025_08 as demo
     cfg = demo()
     apply_overrides(cfg, ["model.num_layers=2", "model.value_embeds=1", "model.model_dim=64", "model.num_heads=2",
                           "model.head_dim=32", "model.mlp_hidden=128", "model.long_layers=0",
@@ -282,7 +282,7 @@ _INTERPRETED = textwrap.dedent(r'''
     # the model's loss on the kernel against the reference (float32, tiny vocabulary)
     from speedrun.config import apply_overrides
     from speedrun.model.gpt import GPT
-    from speedrun.recipes.presets import demo
+    from speedrun.recipes.presets import demo_2025_08 as demo
     cfg = demo()
     apply_overrides(cfg, ["model.num_layers=2", "model.value_embeds=1", "model.model_dim=64", "model.num_heads=2",
                           "model.head_dim=32", "model.mlp_hidden=128", "model.long_layers=0", "model.vocab_size=500"])

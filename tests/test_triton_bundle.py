@@ -153,7 +153,7 @@ def test_run_loads_the_kernels_with_torchs_artifacts(tmp_path, triton_cache, mon
     monkeypatch.setattr(torch.compiler, "save_cache_artifacts", lambda: (b"artifacts-bytes", "info"))
     _compiled(HASH, "k")
     _kernel_module(monkeypatch, "speedrun._test_kernels", [HASH])
-    cfg = get_preset("demo")
+    cfg = get_preset("demo_2025_08")
     key = compile_cache.cache_key(cfg, "cpu", 1)
     compile_cache.save(key)
     assert compile_cache.save_triton(key) == compile_cache.triton_path(key)

@@ -42,7 +42,7 @@ PY
 }
 
 full() {
-  tr8 "$NGPU" -m speedrun.cli bench --preset record --steps 1695 --repeats 1 --no-sync-check \
+  tr8 "$NGPU" -m speedrun.cli bench --preset record_2025_08 --steps 1695 --repeats 1 --no-sync-check \
     --json "$X/record-full-schedule.json" > "$X/record-full-schedule.log" 2>&1
   grep -E "ms/step|first step|rror" "$X/record-full-schedule.log"
   python3 -c "import json; r = json.load(open('$X/record-full-schedule.json')); print(f\"1695 steps: {r['ms_per_step'] * 1695 / 1000:.1f} s of training\")"

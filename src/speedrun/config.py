@@ -1,10 +1,16 @@
 """Typed run configuration.
 
-A run is described by one `RunConfig` made of small frozen-free dataclasses.
-Every technique of the record ladder is a field, so an ablation is one
-override (`--set model.value_embeds=0`). Overrides are parsed against the
-field's declared type; an unknown field is refused with the nearest valid
-name. Presets (see `presets.py`) are plain functions returning a RunConfig.
+A run is described by one of two configs made of small dataclasses: `RunConfig` for the 2025-08
+record's family (the ladder's rungs, `proxy212`) and `RecordRunConfig` for the 2026-07 record (#89),
+whose sections are the frozen constants classes that live beside the math they parameterise (the
+model's `RecordModelConfig`, the schedule's `StageConfig`, the loader's `DocumentConfig`, the
+optimisers' and FP8's). Both share `KeepingConfig`, the fields that keep a run (seed, dtype,
+compile, checkpoints, the fault policy), so run folders, checkpoints and resume treat them alike.
+
+Every technique is a field, so an ablation is one override (`--set model.value_embeds=0`).
+Overrides are parsed against the field's declared type (a frozen section is replaced, which runs its
+own checks); an unknown field is refused with the nearest valid name. Presets (recipes/) are plain
+functions returning a config.
 """
 
 from __future__ import annotations
@@ -16,7 +22,13 @@ import math
 import typing
 from dataclasses import dataclass, field
 
+from speedrun.data.documents import DocumentConfig
 from speedrun.errors import ConfigError
+from speedrun.model.record import RecordModelConfig
+from speedrun.model.record_fp8 import Fp8Config
+from speedrun.optim.normuon import NorMuonConfig
+from speedrun.optim.record_adam import RecordAdamConfig
+from speedrun.train.stages import StageConfig
 
 
 @dataclass
@@ -109,27 +121,10 @@ class ScheduleConfig:
 
 
 @dataclass
-class TrainConfig:
-    """Steps, batch, validation and the device-side choices."""
+class KeepingConfig:
+    """What keeps a run, whichever record it trains: seed, dtype, compile, logging, checkpoints and
+    the fault policy (see docs/reliability.md). Nothing here changes the math of a step."""
 
-    steps: int = 1695
-    seq_len: int = 48 * 1024  # tokens per sequence (one micro-step)
-    batch_seqs: int = 8  # sequences per optimiser step, over all ranks and micro-steps
-    bos_align: bool = True
-    val_tokens: int = 10_485_760
-    val_seq_len: int = 4 * 64 * 1024  # tokens per rank per validation forward
-    val_every: int = 125
-    warmup_steps: int = 3  # untimed warm-up steps (the first compiles), then state restored; the reference ran 10
-    # warm-up steps when this run's compiled graphs are already in the local caches (a warm note, or
-    # Dynamo packages, on every rank): an earlier run with the same key ran the full warm-up. At least
-    # 2 with health steps (both graphs must load before the clock); never more than warmup_steps
-    warmup_steps_warm: int = 1
-    # compile the evaluation graph and the FP8 head in a second process during the first warm-up step
-    # (precompile.py); only where the step is compiled on a GPU. Speed only: nothing it computes is used.
-    precompile: bool = True
-    # keep Dynamo's traced graphs and guards between runs (dynamo_cache.py, torch's caching precompile):
-    # a warm start skips re-tracing; speed only, the compiled code is the same
-    dynamo_cache: bool = True
     seed: int = 0
     compile: str = "auto"  # the whole model compiled: "auto" (on CUDA) | "on" (any device) | "off"
     # "auto": every model function on the kernel kernels/table.py names for the device (its reference
@@ -151,6 +146,40 @@ class TrainConfig:
 
 
 @dataclass
+class TrainConfig(KeepingConfig):
+    """Steps, batch, validation and the compile warm-up of the 2025-08 family."""
+
+    steps: int = 1695
+    seq_len: int = 48 * 1024  # tokens per sequence (one micro-step)
+    batch_seqs: int = 8  # sequences per optimiser step, over all ranks and micro-steps
+    bos_align: bool = True
+    val_tokens: int = 10_485_760
+    val_seq_len: int = 4 * 64 * 1024  # tokens per rank per validation forward
+    val_every: int = 125
+    warmup_steps: int = 3  # untimed warm-up steps (the first compiles), then state restored; the reference ran 10
+    # warm-up steps when this run's compiled graphs are already in the local caches (a warm note, or
+    # Dynamo packages, on every rank): an earlier run with the same key ran the full warm-up. At least
+    # 2 with health steps (both graphs must load before the clock); never more than warmup_steps
+    warmup_steps_warm: int = 1
+    # compile the evaluation graph and the FP8 head in a second process during the first warm-up step
+    # (precompile.py); only where the step is compiled on a GPU. Speed only: nothing it computes is used.
+    precompile: bool = True
+    # keep Dynamo's traced graphs and guards between runs (dynamo_cache.py, torch's caching precompile):
+    # a warm start skips re-tracing; speed only, the compiled code is the same
+    dynamo_cache: bool = True
+
+
+@dataclass
+class RecordTrainConfig(KeepingConfig):
+    """The 2026 record's run keeping; its steps, batches and validations come from `stages` and `docs`."""
+
+    # the spec's untimed warm-up set (stages.warmup_steps: every compiled shape once, with an eval
+    # forward each), then model, optimisers, FP8 and loader restored: "auto" when the step is compiled
+    # | "on" | "off" (each new shape then compiles inside the timed run). The same math either way.
+    warmup: str = "auto"
+
+
+@dataclass
 class DataConfig:
     train_pattern: str = "fineweb_train_*.bin"
     val_pattern: str = "fineweb_val_*.bin"
@@ -159,7 +188,7 @@ class DataConfig:
 
 @dataclass
 class RunConfig:
-    name: str = "record"
+    name: str = "record_2025_08"
     model: ModelConfig = field(default_factory=ModelConfig)
     attention: AttentionConfig = field(default_factory=AttentionConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -174,7 +203,49 @@ class RunConfig:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
 
-SECTIONS = ("model", "attention", "optim", "schedule", "train", "data")
+@dataclass
+class Fp8Choice:
+    """Which products of the 2026 record train in FP8 (spec "FP8"); the eval path is always bf16.
+    Either applies only where activations are bfloat16 (a float32 CPU run is the unquantised math)."""
+
+    head: bool = True  # the head's e4m3 forward and e5m2 gradient
+    mlp: bool = True  # the MLP's up and down projections, with the delayed scales
+
+
+@dataclass
+class RecordRunConfig:
+    """The 2026-07 record (#89): model, staged schedule, loader, optimisers, FP8, run keeping, data."""
+
+    name: str = "record"
+    model: RecordModelConfig = field(default_factory=RecordModelConfig)
+    stages: StageConfig = field(default_factory=StageConfig)
+    docs: DocumentConfig = field(default_factory=DocumentConfig)
+    normuon: NorMuonConfig = field(default_factory=NorMuonConfig)
+    adam: RecordAdamConfig = field(default_factory=RecordAdamConfig)
+    fp8: Fp8Choice = field(default_factory=Fp8Choice)
+    fp8_scales: Fp8Config = field(default_factory=Fp8Config)
+    train: RecordTrainConfig = field(default_factory=RecordTrainConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+
+AnyConfig = RunConfig | RecordRunConfig
+SECTIONS = ("model", "attention", "optim", "schedule", "train", "data")  # RunConfig's
+
+
+def sections(cfg: AnyConfig | type) -> tuple[str, ...]:
+    """The section names of a run config (instance or class), in declaration order."""
+    return tuple(f.name for f in dataclasses.fields(cfg) if f.name != "name")
+
+
+def config_class(d: dict) -> type:
+    """Which run config a `to_dict()` form (a saved config.json) is: the 2026 record's has `stages`."""
+    return RecordRunConfig if "stages" in d else RunConfig
 
 
 # Fields that chose how a step ran, removed once measured (docs/performance.md says what each measured),
@@ -202,12 +273,13 @@ RETIRED: dict[str, object] = {
 }
 
 
-def from_dict(d: dict) -> RunConfig:
+def from_dict(d: dict) -> AnyConfig:
     """Rebuild a RunConfig from `to_dict()` output (e.g. a saved config.json). A retired field at the
     value the code keeps is dropped; at any other value the run it describes is not what the code
     computes or how it compiles, and loading refuses in one line."""
-    cfg = RunConfig(name=d.get("name", "custom"))
-    for section in SECTIONS:
+    cfg = config_class(d)(name=d.get("name", "custom"))
+    items = []
+    for section in sections(cfg):
         for key, value in d.get(section, {}).items():
             path = f"{section}.{key}"
             if path in RETIRED:
@@ -215,7 +287,8 @@ def from_dict(d: dict) -> RunConfig:
                     raise ConfigError(f"{path}={value!r}: this option was removed (docs/performance.md); "
                                       f"this speedrun runs only {path}={RETIRED[path]!r}")
                 continue
-            set_field(cfg, path, value)
+            items.append((path, value))
+    set_fields(cfg, items)
     return cfg
 
 
@@ -223,19 +296,22 @@ def _field_names(obj) -> list[str]:
     return [f.name for f in dataclasses.fields(obj)]
 
 
-def all_field_paths() -> list[str]:
-    cfg = RunConfig()
-    return [f"{s}.{n}" for s in SECTIONS for n in _field_names(getattr(cfg, s))]
+def all_field_paths(kind: type = RunConfig) -> list[str]:
+    cfg = kind()
+    return [f"{s}.{n}" for s in sections(cfg) for n in _field_names(getattr(cfg, s))]
 
 
-def _unknown(path: str) -> ConfigError:
-    near = difflib.get_close_matches(path, all_field_paths(), n=1, cutoff=0.5)
+def _unknown(path: str, kind: type = RunConfig) -> ConfigError:
+    near = difflib.get_close_matches(path, all_field_paths(kind), n=1, cutoff=0.5)
     hint = f"; did you mean '{near[0]}'?" if near else ""
     return ConfigError(f"--set {path}: no such config field{hint}")
 
 
 def _coerce(path: str, tp, value):
     """Turn `value` (a string from the command line, or JSON data) into type `tp`."""
+    if dataclasses.is_dataclass(tp) and isinstance(value, dict):  # a table row read back from JSON
+        hints = typing.get_type_hints(tp)
+        return tp(**{k: _coerce(path, hints[k], v) for k, v in value.items()})
     origin = typing.get_origin(tp)
     if origin is tuple:
         if isinstance(value, str):
@@ -279,33 +355,59 @@ def _coerce(path: str, tp, value):
     raise ConfigError(f"--set {path}: {value!r} is not a valid {name}")
 
 
-def set_field(cfg: RunConfig, path: str, value) -> None:
+def set_field(cfg: AnyConfig, path: str, value) -> None:
     """Set `section.name` on cfg from a string or JSON value, type-checked."""
+    set_fields(cfg, [(path, value)])
+
+
+def _resolve(cfg: AnyConfig, path: str, value) -> tuple[str, str, object]:
+    """(section, name, typed value) of one `section.name` setting, or the one-line error."""
     if "." not in path:
-        raise _unknown(path)
+        raise _unknown(path, type(cfg))
     section, name = path.split(".", 1)
-    if section not in SECTIONS or name not in _field_names(getattr(cfg, section)):
-        raise _unknown(path)
-    obj = getattr(cfg, section)
-    hints = typing.get_type_hints(type(obj))
-    setattr(obj, name, _coerce(path, hints[name], value))
+    if section not in sections(cfg) or name not in _field_names(getattr(cfg, section)):
+        raise _unknown(path, type(cfg))
+    hints = typing.get_type_hints(type(getattr(cfg, section)))
+    return section, name, _coerce(path, hints[name], value)
 
 
-def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
-    """Apply `section.field=value` strings in order."""
+def set_fields(cfg: AnyConfig, items: list[tuple[str, object]]) -> None:
+    """Set several `section.name` values. A frozen section (the 2026 record's constants) is replaced
+    once by a copy holding all of its new values, so its checks see them together (a width and a head
+    size that only fit each other); a mutable section is set field by field."""
+    frozen: dict[str, dict[str, object]] = {}
+    for path, value in items:
+        section, name, typed = _resolve(cfg, path, value)
+        if getattr(cfg, section).__dataclass_params__.frozen:
+            frozen.setdefault(section, {})[name] = typed
+        else:
+            setattr(getattr(cfg, section), name, typed)
+    for section, changes in frozen.items():
+        try:
+            setattr(cfg, section, dataclasses.replace(getattr(cfg, section), **changes))
+        except ConfigError as e:
+            raise ConfigError(f"--set {', '.join(f'{section}.{n}' for n in changes)}: {e}") from None
+
+
+def apply_overrides(cfg: AnyConfig, overrides: list[str]) -> AnyConfig:
+    """Apply `section.field=value` strings (a frozen section's together, see set_fields)."""
+    items = []
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"--set {item}: expected section.field=value")
         path, value = item.split("=", 1)
-        set_field(cfg, path.strip(), value.strip())
+        items.append((path.strip(), value.strip()))
+    set_fields(cfg, items)
     return cfg
 
 
-def diff(a: RunConfig, b: RunConfig) -> dict[str, tuple]:
-    """Fields whose values differ: {path: (a_value, b_value)}."""
+def diff(a: AnyConfig, b: AnyConfig) -> dict[str, tuple]:
+    """Fields whose values differ: {path: (a_value, b_value)} (configs of one kind)."""
+    if type(a) is not type(b):
+        raise ConfigError(f"'{a.name}' and '{b.name}' are configs of different records")
     da, db = a.to_dict(), b.to_dict()
     out = {}
-    for s in SECTIONS:
+    for s in sections(a):
         for k in da[s]:
             if da[s][k] != db[s][k]:
                 out[f"{s}.{k}"] = (da[s][k], db[s][k])
@@ -407,6 +509,12 @@ def _range_checks(cfg: RunConfig) -> list[Check]:
         _at_least(t.val_every, 0, "train.val_every"),
         _at_least(t.warmup_steps, 0, "train.warmup_steps"),
         _at_least(t.warmup_steps_warm, 1, "train.warmup_steps_warm"),
+    ] + _keeping_checks(t)
+
+
+def _keeping_checks(t: KeepingConfig) -> list[Check]:
+    """The run keeping's numbers and choices (both records)."""
+    return [
         (0 <= t.seed < 2**64, "train.seed", f"must be in [0, 2^64), got {t.seed}"),  # numpy's and torch's seeds
         _at_least(t.log_every, 0, "train.log_every"),
         _at_least(t.sample_tokens, 0, "train.sample_tokens"),
@@ -417,6 +525,10 @@ def _range_checks(cfg: RunConfig) -> list[Check]:
          f"must be 0 (off) or > 1, got {t.spike_factor}"),
         _at_least(t.max_recoveries, 0, "train.max_recoveries"),
         (0 < t.recover_lr_factor <= 1, "train.recover_lr_factor", f"must be in (0, 1], got {t.recover_lr_factor}"),
+        _one_of(t.dtype, "train.dtype", ("auto", "bfloat16", "float32")),
+        _one_of(t.compile, "train.compile", ("auto", "on", "off")),
+        _one_of(t.kernels, "train.kernels", ("auto", "reference")),
+        _one_of(t.on_fault, "train.on_fault", ("stop", "recover")),
     ]
 
 
@@ -454,31 +566,50 @@ def _shape_checks(t: TrainConfig, a: AttentionConfig) -> list[Check]:
          f"must be a positive multiple of attention.block_size={a.block_size}, got {t.seq_len}"),
         (t.val_seq_len > 0 and t.val_seq_len % a.block_size == 0, "train.val_seq_len",
          f"must be a positive multiple of attention.block_size={a.block_size}, got {t.val_seq_len}"),
-        _one_of(t.dtype, "train.dtype", ("auto", "bfloat16", "float32")),
-    ]
-
-
-def _compile_checks(t: TrainConfig) -> list[Check]:
-    return [
-        _one_of(t.compile, "train.compile", ("auto", "on", "off")),
-        _one_of(t.kernels, "train.kernels", ("auto", "reference")),
     ]
 
 
 def _run_checks(cfg: RunConfig) -> list[Check]:
     return [
         _one_of(cfg.optim.kind, "optim.kind", ("muon", "adamw")),
-        _one_of(cfg.train.on_fault, "train.on_fault", ("stop", "recover")),
     ]
 
 
-def validate(cfg: RunConfig, world_size: int = 1) -> None:
+def _record_checks(cfg: RecordRunConfig, world_size: int) -> list[Check]:
+    """The 2026 record's batch and validation split over the world size (the sections' own
+    constructors already refused inconsistent constants)."""
+    st, d = cfg.stages, cfg.docs
+    span = world_size * d.val_chunk
+    return [
+        (all(n > 0 and n % d.sets_per_step == 0 for n in st.tokens_per_step), "stages.tokens_per_step",
+         f"each must be a positive multiple of docs.sets_per_step={d.sets_per_step}, got {st.tokens_per_step}"),
+        (st.piece_sets_per_step == d.sets_per_step, "stages.piece_sets_per_step",
+         f"must equal docs.sets_per_step={d.sets_per_step}, got {st.piece_sets_per_step}"),
+        (d.val_tokens >= 0 and d.val_tokens % span == 0, "docs.val_tokens",
+         f"must be a multiple of world size x docs.val_chunk = {world_size} x {d.val_chunk}, got {d.val_tokens}"),
+        _at_least(d.max_docs_mult, 1, "docs.max_docs_mult"),
+        _at_least(st.val_every, 0, "stages.val_every"),
+        _one_of(cfg.train.warmup, "train.warmup", ("auto", "on", "off")),
+        (cfg.train.compile != "on", "train.compile",
+         "the 2026 record's step runs eagerly for now (its GPU compile plan is not built); use auto or off"),
+    ] + _keeping_checks(cfg.train)
+
+
+def validate(cfg: AnyConfig, world_size: int = 1) -> None:
     """Refuse values that cannot run, each with one line naming the field."""
+    if isinstance(cfg, RecordRunConfig):
+        if world_size not in ALLOWED_WORLD_SIZES or cfg.docs.sets_per_step % world_size:
+            raise ConfigError(f"world size {world_size}: preset '{cfg.name}' runs {cfg.docs.sets_per_step} piece "
+                              f"sets a step over 1, 2, 4 or 8 ranks dividing it")
+        for ok, name, msg in _record_checks(cfg, world_size):
+            if not ok:
+                raise ConfigError(f"{name}: {msg}")
+        return
     m, a, t = cfg.model, cfg.attention, cfg.train
     for ok, name, msg in _range_checks(cfg):
         if not ok:
             raise ConfigError(f"{name}: {msg}")
-    checks = (_shape_checks(t, a) + _model_checks(m) + _attention_checks(a, t) + _compile_checks(t)
+    checks = (_shape_checks(t, a) + _model_checks(m) + _attention_checks(a, t)
               + _run_checks(cfg))
     if m.positions == "learned":
         span = a.segment_len or max(t.seq_len, t.val_seq_len)  # positions restart at each segment

@@ -56,7 +56,7 @@ import torch.distributed as dist
 
 from speedrun.bench import gpu_clocks
 from speedrun.config import RunConfig, apply_overrides, validate
-from speedrun.errors import SpeedrunError
+from speedrun.errors import ConfigError, SpeedrunError
 
 DOC_LEN = 1000  # mean FineWeb document length in tokens (random data)
 EOT = 50256
@@ -712,6 +712,9 @@ def _config(args) -> RunConfig:
     from speedrun.recipes.registry import get_preset
 
     cfg = apply_overrides(get_preset(args.preset), list(args.overrides))
+    if not isinstance(cfg, RunConfig):
+        raise ConfigError(f"--preset {args.preset}: the bench times the 2025-08 record's GPT step; the 2026 "
+                          "record's step has no bench yet (time it with `speedrun train`)")
     t = cfg.train
     # a bench is not a run: no validation, checkpoints, health records or injected faults
     t.val_tokens, t.val_every, t.checkpoint_every_steps, t.checkpoint_every_minutes = 0, 0, 0, 0.0

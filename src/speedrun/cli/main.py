@@ -25,7 +25,7 @@ COMMAND_MODULES = [
     "speedrun.tools.compare",  # compare
     "speedrun.tools.plot",  # plot
     "speedrun.tools.sample",  # sample
-    "speedrun.tools.export_hf",  # export hf
+    "speedrun.tools.export",  # export hf
     "speedrun.tools.hellaswag",  # eval hellaswag
     "speedrun.tools.tensorboard_log",  # tensorboard
     "speedrun.bench.step",  # bench | warm

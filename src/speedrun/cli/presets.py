@@ -15,7 +15,7 @@ import json
 
 def preset_rows() -> list[dict]:
     """[{name, description, base, rung}] in `registry.registry()` order: the base presets (defined in
-    presets.py), then the ladder's rungs. `record` is both, listed once, with the base presets."""
+    presets.py), then the ladder's rungs. `record_2025_08` is both, listed once, with the base presets."""
     from speedrun.recipes.ladder import rungs
     from speedrun.recipes.registry import registry
 
@@ -33,7 +33,7 @@ def cmd_presets(args: argparse.Namespace) -> int:
     width = max(len(r["name"]) for r in rows)
     print("base presets:")
     print("\n".join(f"  {r['name']:<{width}}  {r['description']}" for r in rows if r["base"]))
-    print("record ladder, oldest first, ending at `record` (speedrun ladder shows each rung's change):")
+    print("record ladder, oldest first, ending at `record_2025_08` (speedrun ladder shows each rung's change):")
     print("\n".join(f"  {r['name']:<{width}}  {r['description']}" for r in rows if not r["base"]))
     print("Train one: speedrun train --preset NAME; its whole config: speedrun info --preset NAME")
     return 0

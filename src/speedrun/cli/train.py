@@ -13,14 +13,17 @@ import torch
 from speedrun.bench.gpu_clocks import RunClocks
 from speedrun.compile.session import CompileSession
 from speedrun.compile.startup import process_start_time
-from speedrun.config import RunConfig, apply_overrides, validate
+from speedrun.config import AnyConfig, RecordRunConfig, apply_overrides, validate
 from speedrun.errors import ConfigError, SpeedrunError
 from speedrun.recipes.registry import get_preset
 from speedrun.run.faults import out_of_memory
 from speedrun.run.resilience import checkpoint_every_overrides, resume_config, tensorboard_writer
 from speedrun.run.rundir import default_out_dir
 from speedrun.train.dist import init_distributed, shutdown
+from speedrun.run.checkpoint import load_config
 from speedrun.train.loop import Trainer
+from speedrun.train.record_loop import RecordTrainer
+from speedrun.train.stages import scaled
 
 
 def add_train_arguments(p: argparse.ArgumentParser) -> None:
@@ -44,15 +47,33 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tensorboard", action="store_true", help="also log metrics to TensorBoard (needs tensorboard)")
 
 
-def resolve_config(args: argparse.Namespace) -> RunConfig:
-    flags = {"train.steps": args.steps, "data.data_dir": args.data_dir, "train.val_tokens": args.val_tokens,
-             "train.val_every": args.val_every, "train.seed": args.seed, "train.on_fault": args.on_fault}
-    overrides = [f"{k}={v}" for k, v in flags.items() if v is not None]
-    overrides += checkpoint_every_overrides(args.checkpoint_every) + args.overrides
-    cfg = apply_overrides(get_preset(args.preset or "demo"), overrides)
+def flag_overrides(args: argparse.Namespace, cfg: AnyConfig) -> list[str]:
+    """The flags as `--set` overrides, on the fields that hold them in this record's config. For the
+    2026 record --steps N rescales the stages (recipes.presets.record_steps): S and E, not one field."""
+    record = isinstance(cfg, RecordRunConfig)
+    flags = {"data.data_dir": args.data_dir, "train.seed": args.seed, "train.on_fault": args.on_fault,
+             ("docs.val_tokens" if record else "train.val_tokens"): args.val_tokens,
+             ("stages.val_every" if record else "train.val_every"): args.val_every}
+    if args.steps is not None:
+        if record:
+            ext = scaled(args.steps, cfg.stages) if args.steps >= 4 else None
+            if ext is None:
+                raise ConfigError(f"--steps {args.steps}: the 2026 record needs at least 4 steps (3 scheduled + 1)")
+            flags.update({"stages.scheduled_steps": ext.scheduled_steps, "stages.extension_steps": ext.extension_steps})
+        else:
+            flags["train.steps"] = args.steps
+    return [f"{k}={v}" for k, v in flags.items() if v is not None]
+
+
+def resolve_config(args: argparse.Namespace) -> AnyConfig:
+    preset = get_preset(args.preset or "demo")
+    if args.resume and not args.preset and (Path(args.resume) / "config.json").is_file():
+        preset = load_config(Path(args.resume))  # the flags land on the fields of the resumed run's record
+    overrides = flag_overrides(args, preset) + checkpoint_every_overrides(args.checkpoint_every) + args.overrides
     if args.resume:
+        cfg = apply_overrides(get_preset(args.preset), overrides) if args.preset else None
         return resume_config(Path(args.resume), args.preset, cfg, overrides)
-    return cfg
+    return apply_overrides(preset, overrides)
 
 
 def register(subparsers) -> None:
@@ -71,10 +92,12 @@ def cli_train(args: argparse.Namespace) -> int:
         if args.resume and args.out and Path(args.out).resolve() != Path(args.resume).resolve():
             raise ConfigError(f"--out {args.out}: --resume continues in {args.resume}; leave --out out")
         out = Path(args.resume or args.out or default_out_dir(cfg.name))
-        trainer = Trainer(cfg, info, out, overwrite=args.overwrite, progress=not args.no_progress, t_start=t_start,
-                          resume=Path(args.resume) if args.resume else None,
-                          keep_checkpoints=args.keep_checkpoints, session=CompileSession(cfg, info),
-                          watchers=(RunClocks(info.device),) if info.is_main else ())
+        kind = RecordTrainer if isinstance(cfg, RecordRunConfig) else Trainer
+        session = None if kind is RecordTrainer else CompileSession(cfg, info)
+        trainer = kind(cfg, info, out, overwrite=args.overwrite, progress=not args.no_progress, t_start=t_start,
+                       resume=Path(args.resume) if args.resume else None,
+                       keep_checkpoints=args.keep_checkpoints, session=session,
+                       watchers=(RunClocks(info.device),) if info.is_main else ())
         if args.tensorboard:
             trainer.tb = tensorboard_writer(out) if info.is_main else None
         trainer.run()

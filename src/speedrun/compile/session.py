@@ -113,3 +113,33 @@ class CompileSession:
         self.stop_precompile()
         dynamo_cache.disable(self.packages)
         self.packages = None
+
+
+class PlainSession:
+    """The session of a model the portable cache and the precompile child do not serve (the 2026
+    record): the same moments, torch's own local caches only. `compiled` says whether the step is."""
+
+    def __init__(self, compiled: bool, info: DistInfo):
+        self.compiled, self.info = compiled, info
+        self.cache_state = "local caches only" if compiled else "not compiled"
+
+    def open(self, log_dir: Path | None) -> None:
+        pass
+
+    def compile(self, build):
+        return build()
+
+    def before_validation(self, startup: StartupPhases) -> None:
+        pass
+
+    def after_validation(self) -> None:
+        pass
+
+    def timed_start(self, startup: StartupPhases, run_dir: Path | None) -> None:
+        pass
+
+    def save_packages(self) -> bool:
+        return False
+
+    def release(self) -> None:
+        pass

@@ -20,8 +20,10 @@ generators, layer map, attention sublayer, paired heads, MLP, layer 10, output, 
   (bf16 as the record; float32 in tests), parameters in their table dtype and cast at use. The
   casts the spec makes part of the function are made in every dtype: resid/post lambdas and the
   gate scale γ are rounded to bf16 before use, so an fp32 run computes the same function.
-- FP8 is left out. Three methods are the seams a fast path replaces: `mlp` (one layer's ReLU² MLP),
-  `logits` (the head product) and `attend` (varlen windowed attention).
+- Three methods are the seams a fast path replaces: `mlp` (one layer's ReLU² MLP), `logits` (the
+  head product) and `attend` (varlen windowed attention). FP8 is the record's training math at the
+  first two: with `fp8` set (`record_fp8.Fp8Training`, which the trainer makes), a training forward
+  runs them through the FP8 references; an eval forward (`model.eval()`) stays bf16.
 - One forward keeps its per-layer residuals in a small context (`_Pass.after`): the skip, cache7,
   MUDD and output read earlier residuals by layer index, and tests read them too (`residuals`).
 """
@@ -38,6 +40,7 @@ from torch import Tensor, nn
 
 from speedrun.errors import ConfigError
 from speedrun.model import record_parts
+from speedrun.model.record_fp8 import Fp8Training, fp8_head, fp8_mlp
 from speedrun.model.record_loss import record_eval_loss, record_training_loss
 
 # (kind, layer) -> (generator 0 = pre-gate or 1 = post-gate, lanes)
@@ -58,6 +61,7 @@ class RecordModelConfig:
     num_layers: int = 11
     mlp_hidden: int = 3072
     sign_rows: int = 8192
+    bigram_factor: int = 15  # the bigram hash table holds vocab · bigram_factor // 2 rows (a CPU demo shrinks it)
     smear_inputs: int = 12  # e[t][0:12] drives the smear gate
     ve_gate_inputs: int = 6  # a[0:6] and ve[0:6] drive a VE gate
     rope_base: float = 1024.0
@@ -119,7 +123,7 @@ class RecordModelConfig:
     @property
     def bigram_rows(self) -> int:
         """V_b = V·15 // 2 (377,280): the last row is the hash's reserved sentinel."""
-        return self.vocab * 15 // 2
+        return self.vocab * self.bigram_factor // 2
 
     @property
     def rope_pairs(self) -> int:
@@ -221,9 +225,20 @@ class RecordGPT(nn.Module):
         super().__init__()
         self.cfg, self.world_size, self.lanes = cfg, world_size, gate_lanes(cfg)
         self.tied = True  # until the split step embed = lm_headᵀ, kept so by the optimiser
+        self.fp8: Fp8Training | None = None  # the FP8 products of training forwards (None: bf16)
         self._make_parameters(device)
         if self.embed.device.type != "meta":
             self.reset_parameters(generator)
+
+    @property
+    def use_fp8(self) -> bool:
+        return self.fp8 is not None
+
+    @use_fp8.setter
+    def use_fp8(self, on: bool) -> None:
+        """Off for good: a recovery from a fault trains on in bf16 (turning it on is the trainer's)."""
+        if not on:
+            self.fp8 = None
 
     def _make_parameters(self, device: torch.device | str | None) -> None:
         """The spec's table, in its order and dtypes; values come from `reset_parameters`."""
@@ -445,6 +460,8 @@ class RecordGPT(nn.Module):
     def mlp(self, layer: int, a: Tensor) -> Tensor:
         """relu(a·W1ᵀ)²·W2 of one layer, in a's dtype: the seam of the FP8 MLP."""
         w1, w2 = self.mlp_bank[layer, 0].to(a.dtype), self.mlp_bank[layer, 1].to(a.dtype)
+        if self.training and self.fp8 is not None and self.fp8.mlp is not None:
+            return fp8_mlp(a, w1, w2, self.fp8.mlp[layer], True)
         return F.relu(a @ w1.T).square() @ w2
 
     def _value_rows(self, k: int, ctx: _Pass) -> Tensor:
@@ -563,6 +580,8 @@ class RecordGPT(nn.Module):
 
     def logits(self, h: Tensor) -> Tensor:
         """z = h·lm_head (n, V) in h's dtype, before the softcap: the seam of the FP8 head."""
+        if self.training and self.fp8 is not None and self.fp8.head_grad_scale is not None:
+            return fp8_head(h, self.lm_head, self.fp8.head_grad_scale, self.fp8.cfg)
         return h @ self.lm_head.to(h.dtype)
 
     def training_loss(self, inputs: Tensor, targets: Tensor, cu_seqlens: Tensor, windows: tuple[int, int],

@@ -338,3 +338,38 @@ def fp8_mlp(a: Tensor, w1: Tensor, w2: Tensor, state: Fp8MlpState, training: boo
     if not state.ready:
         raise RuntimeError("fp8_mlp: refresh the FP8 state (bootstrap=True) before the first training forward")
     return _Fp8Mlp.apply(a, w1, w2, state)
+
+
+# ---------------------------------------------------------------- what a training forward quantises
+
+
+class Fp8Training:
+    """The FP8 products of `RecordGPT`'s training forwards: the head (when `head_grad_scale` is set:
+    the micro-step's 1/grad_accum, which scales the e5m2 gradient) and the MLP of each layer (when
+    `mlp` holds one `Fp8MlpState` per layer of the bank). The model reads it at its `mlp` and
+    `logits` seams; its eval forwards stay bf16. The trainer refreshes the MLP weights after every
+    optimiser step and saves the delayed scales with a checkpoint."""
+
+    def __init__(self, cfg: Fp8Config, head_grad_scale: float | None, mlp_layers: int,
+                 device: torch.device | str | None = None) -> None:
+        self.cfg, self.head_grad_scale = cfg, head_grad_scale
+        self.mlp = [Fp8MlpState(cfg, device) for _ in range(mlp_layers)] if mlp_layers else None
+
+    def reset(self) -> None:
+        for state in self.mlp or ():
+            state.reset()
+
+    def refresh(self, mlp_bank: Tensor, bootstrap: bool) -> None:
+        """Quantise every layer's (W1, W2) of the bank (layers, 2, hidden, width) after an update."""
+        for layer, state in enumerate(self.mlp or ()):
+            state.refresh(mlp_bank[layer].detach(), bootstrap)
+
+    def state_dict(self) -> dict:
+        return {"mlp": [state.state_dict() for state in self.mlp or ()]}
+
+    def load_state_dict(self, state: dict) -> None:
+        saved = state["mlp"]
+        if len(saved) != len(self.mlp or ()):
+            raise KeyError(f"FP8 state holds {len(saved)} MLP layers, this run has {len(self.mlp or ())}")
+        for layer, s in zip(self.mlp or (), saved):
+            layer.load_state_dict(s)

@@ -80,10 +80,11 @@ def _longest_proper_prefix(b: bytes, ids: dict[bytes, int]) -> int:
 def prefix_table(encoding: tiktoken.Encoding, padded_vocab: int = PADDED_VOCAB) -> Tensor:
     """T′ as an int64 tensor (padded_vocab,): the longest proper-prefix token of each id, else −1.
 
-    Single bytes have no proper prefix; BOS and the padding ids (≥ n_vocab) are −1.
+    Single bytes have no proper prefix; BOS and the padding ids (≥ n_vocab) are −1. A model whose
+    vocabulary is smaller than the encoding's (a test's) keeps the tokens and prefixes below its size.
     int64 so that it indexes and gathers without a cast.
     """
-    by_id = _token_bytes(encoding)
+    by_id = {i: b for i, b in _token_bytes(encoding).items() if i < padded_vocab}
     by_bytes = {b: i for i, b in by_id.items()}
     table = [NO_PREFIX] * padded_vocab
     for i, b in by_id.items():
@@ -100,13 +101,15 @@ def _prefix_term(logp: Tensor, targets_next: Tensor, prefix: Tensor) -> Tensor:
     return -(picked * has).sum()
 
 
-def record_training_loss(z: Tensor, targets_next: Tensor, mtp_weights: Sequence[float],
-                         prefix_weight: float, prefix: Tensor) -> Tensor:
+def record_training_loss(z: Tensor, targets_next: Tensor, mtp_weights: Sequence[float] | Tensor,
+                         prefix_weight: float | Tensor, prefix: Tensor) -> Tensor:
     """The summed training loss of one packed local batch: a float32 scalar (float64 for float64 z).
 
     z: raw logits (n, V) in any float dtype; targets_next: int64 (n,), targets_next[t] = x[t+1];
     mtp_weights: w_0..w_{K−1}; prefix_weight: π; prefix: the T′ table (`prefix_table`).
-    See the module docstring for the formula and for what the gradient is.
+    See the module docstring for the formula and for what the gradient is. The weights may be
+    tensors (a compiled step then keeps one graph per stage, not one per value); a tensor π always
+    adds its term, a float π of 0 leaves it out.
     """
     n = z.shape[0]
     logp = F.log_softmax(softcap(z), dim=-1)
@@ -114,7 +117,7 @@ def record_training_loss(z: Tensor, targets_next: Tensor, mtp_weights: Sequence[
     for k, w in enumerate(mtp_weights[:n]):  # k ≥ n has no position left: the whole term drops
         picked = logp[: n - k].gather(1, targets_next[k:, None])
         total = total - w * picked.sum()
-    if prefix_weight:
+    if isinstance(prefix_weight, Tensor) or prefix_weight:
         total = total + prefix_weight * _prefix_term(logp, targets_next, prefix)
     return total
 

@@ -83,7 +83,7 @@ RECORD_ADAM_TABLE: tuple[tuple[str, AdamParamHyper], ...] = (
     ("mudd_gate_w1", AdamParamHyper(0.9, 0.99, 0.1, 1.0)),
     ("mudd_gate_w2", AdamParamHyper(0.9, 0.99, 0.1, 1.0)),
     ("mudd_gate_b2", AdamParamHyper(0.9, 0.99, 0.1, 0.0)),
-    ("_mudd_gate_scale", AdamParamHyper(0.9, 0.99, 0.1, 0.0)),
+    ("mudd_gate_scale", AdamParamHyper(0.9, 0.99, 0.1, 0.0)),
 )
 
 

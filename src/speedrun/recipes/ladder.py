@@ -3,8 +3,10 @@
 Each rung is a plain function that calls the rung before it and changes only
 what that record changed; `Rung.changes` lists the config fields it claims,
 and the tests hold every rung to exactly those (`config.diff` against its
-parent). The last rung, `record`, is `presets.record` itself, so the chain
-ends at the 2025-08 record with nothing left over.
+parent). The last rung, `record_2025_08`, is `presets.record_2025_08` itself, so
+the chain ends at the 2025-08 record with nothing left over. (The 2026-07 record,
+`presets.record`, is a different model: its techniques come in through their own
+config fields.)
 
 Values come from ../shared/spec/record-2025-08.md where it gives them (step
 counts, tokens per step, which technique arrived when) and are otherwise
@@ -286,13 +288,13 @@ _TABLE: list[tuple] = [
     ("smaller_batch", "2025-01-26", "smaller batch", 1_770, 2.93, _S, smaller_batch, ("train.seq_len", "train.steps")),
     ("bos_align", "2025-07-12", "batches start at document starts, cooldown 0.45", 1_750, 2.86, _S, bos_align,
      ("train.bos_align", "schedule.cooldown_frac", "train.steps")),
-    ("record", "2025-08-23", "sparse attention output gate", 1_695, 2.81, _S, presets.record,
+    ("record_2025_08", "2025-08-23", "sparse attention output gate", 1_695, 2.81, _S, presets.record_2025_08,
      ("model.attn_gate", "train.steps")),
 ]
 
 
 def rungs() -> list[Rung]:
-    """The ladder in order, from the llm.c baseline to `record`."""
+    """The ladder in order, from the llm.c baseline to `record_2025_08`."""
     out, parent = [], None
     for name, date, desc, steps, minutes, tps, build, changes in _TABLE:
         out.append(Rung(name, date, desc, steps, minutes, tps, parent, build, tuple(changes)))

@@ -1,41 +1,109 @@
-"""Presets: plain functions returning a RunConfig, each derived from another.
+"""Presets: plain functions returning a run config, each derived from another.
 
-`record` is the 2025-08 FlexAttention record; `demo` is the same
-architecture shrunk to train on the embedded corpus on two CPU cores in a
-few minutes. The record ladder (ladder.py) is a chain of such functions;
-registry.py lists them all by name.
+`record` is the 2026-07 record (#89, `RecordRunConfig`); `proxy161` and `proxy322` are it at 1/8 and
+1/4 of its schedule on the proxy corpus, and `demo` is its architecture shrunk to train on the
+embedded corpus on two CPU cores in a few minutes. `record_2025_08` is the FlexAttention record of
+2025-08-23 (`RunConfig`), the last rung of the ladder (ladder.py), with `proxy212` and
+`demo_2025_08` derived from it. registry.py lists them all by name.
 """
 
 from __future__ import annotations
 
-from speedrun.config import RunConfig
+from dataclasses import replace
+
+from speedrun.config import RecordRunConfig, RunConfig
+from speedrun.train.stages import scaled
+
+PROXY_DOCS_MULT = 4  # the proxy corpus's documents are shorter than FineWeb's: 4x the N_max bound
+PROXY_VAL_TOKENS = 2_097_152
 
 
-def record() -> RunConfig:
+# ---------------------------------------------------------------- the 2026-07 record
+
+
+def record() -> RecordRunConfig:
+    """Record #89 (2026-07-17): 1,270 scheduled steps and 15 of extension, 339M tokens."""
+    return RecordRunConfig(name="record")
+
+
+def record_steps(cfg: RecordRunConfig, steps: int) -> RecordRunConfig:
+    """`cfg` over `steps` steps, scaled as the spec's "Scaling the schedule": E = max(1,
+    round(15·N/1285)) extension steps, S = N − E scheduled (161 → 159 + 2, 322 → 318 + 4)."""
+    cfg.stages = scaled(steps, cfg.stages)
+    return cfg
+
+
+def _proxy(name: str, steps: int, val_every: int) -> RecordRunConfig:
+    cfg = record_steps(record(), steps)
+    cfg.name = name
+    cfg.stages = replace(cfg.stages, val_every=val_every)
+    cfg.docs = replace(cfg.docs, val_tokens=PROXY_VAL_TOKENS, max_docs_mult=PROXY_DOCS_MULT)
+    return cfg
+
+
+def proxy161() -> RecordRunConfig:
+    """The record at 1/8 of its schedule (159 + 2 steps) on the proxy corpus, validating 2,097,152
+    tokens every 40 steps and at the end (../shared/bench/anchor-reference.md)."""
+    return _proxy("proxy161", 161, 40)
+
+
+def proxy322() -> RecordRunConfig:
+    """The record at 1/4 of its schedule (318 + 4 steps, 84.9M tokens) on the proxy corpus."""
+    return _proxy("proxy322", 322, 80)
+
+
+def demo() -> RecordRunConfig:
+    """The record's architecture at a CPU size on the embedded corpus: the README's main command.
+
+    The structure stays (11 layers, 6 paired heads, every gate and MUDD lane); the width, the MLP,
+    the generators and the bigram table shrink, the batches are 2,048 then 3,072 tokens with windows
+    of one to three 64-token blocks, and validation reads the first 16,384 tokens of the val shard.
+    A step is four micro-batches (on 1, 2 or 4 ranks), not eight, and documents are cut at 512 then 1,024
+    tokens: the embedded books are ~2,100-token pieces, and a cut drops the rest of a piece, so eight
+    256-token micro-batches would spend the corpus before the run ends (and two of 1,536 tokens cost
+    more on the CPU than four of 768)."""
+    cfg = record_steps(record(), 100)
+    cfg.name = "demo"
+    cfg.model = replace(cfg.model, model_dim=96, head_dim=16, mlp_hidden=384, mudd_dim=16, bigram_factor=1,
+                        sign_rows=1024)
+    cfg.stages = replace(cfg.stages, tokens_per_step=(2048, 2048, 3072, 3072),
+                         max_doc_len=(512, 1024, 1024, 1024), piece_sets_per_step=4, block_tokens=64, val_every=25,
+                         momentum_warmup_steps=25, momentum_cooldown_steps=10)
+    cfg.docs = replace(cfg.docs, sets_per_step=4, val_tokens=16_384, val_chunk=4096, max_docs_table=())
+    cfg.train.sample_tokens = 48
+    cfg.data.data_dir = "demo"
+    cfg.data.train_pattern, cfg.data.val_pattern = "demo_train_*.bin", "demo_val_*.bin"
+    return cfg
+
+
+# ---------------------------------------------------------------- the 2025-08 record
+
+
+def record_2025_08() -> RunConfig:
     """The 2025-08-23 record: 1695 steps of 8 x 49,152 tokens."""
-    return RunConfig(name="record")
+    return RunConfig(name="record_2025_08")
 
 
 def proxy212() -> RunConfig:
-    """proxy-212: the record at 212 steps on the proxy corpus, as the reference ran it.
+    """proxy-212: the 2025-08 record at 212 steps on the proxy corpus, as the reference ran it.
 
     The reference (../shared/bench) changed only the step count and the
     validation size and interval, so its Muon momentum warm-up stayed at 300
     *steps* (0.85 -> 0.92 over a 212-step run) while lr and window scale with
     progress. Pinning that here reproduces its math; scaling the warm-up with
-    progress instead (the `record` preset with --steps 212) ends 0.03 higher.
+    progress instead (`record_2025_08` with --steps 212) ends 0.03 higher.
     """
-    cfg = record()
+    cfg = record_2025_08()
     cfg.name = "proxy212"
     cfg.train.steps, cfg.train.val_tokens, cfg.train.val_every = 212, 2_097_152, 53
     cfg.schedule.momentum_warmup_frac = 300 / 212
     return cfg
 
 
-def demo() -> RunConfig:
-    """The record's architecture, small: the README's main command on a CPU."""
-    cfg = record()
-    cfg.name = "demo"
+def demo_2025_08() -> RunConfig:
+    """The 2025-08 record's architecture, small, on the embedded corpus."""
+    cfg = record_2025_08()
+    cfg.name = "demo_2025_08"
     m, a, t, d = cfg.model, cfg.attention, cfg.train, cfg.data
     m.num_layers, m.model_dim, m.num_heads, m.head_dim, m.mlp_hidden = 6, 128, 2, 64, 512
     m.value_embeds, m.no_attn_layers, m.long_layers = 2, (), (0, 5)

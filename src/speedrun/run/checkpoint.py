@@ -41,7 +41,7 @@ import numpy as np
 
 import torch
 
-from speedrun.config import RunConfig, from_dict
+from speedrun.config import AnyConfig, RecordRunConfig, RunConfig, from_dict
 from speedrun.errors import ConfigError
 from speedrun.run.rundir import atomic_write_text
 
@@ -49,7 +49,7 @@ WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
 
 
-def save_model_files(model: torch.nn.Module, cfg: RunConfig, folder: Path) -> None:
+def save_model_files(model: torch.nn.Module, cfg: AnyConfig, folder: Path) -> None:
     """Write weights (atomically: temp file then rename) and the config."""
     from safetensors.torch import save_file
 
@@ -62,7 +62,7 @@ def save_model_files(model: torch.nn.Module, cfg: RunConfig, folder: Path) -> No
     atomic_write_text(folder / CONFIG, json.dumps(cfg.to_dict(), indent=2, sort_keys=True) + "\n")
 
 
-def load_config(folder: Path) -> RunConfig:
+def load_config(folder: Path) -> AnyConfig:
     return from_dict(load_config_dict(folder))
 
 
@@ -78,7 +78,8 @@ def load_config_dict(folder: Path) -> dict:
 
 
 def load_model(folder: Path, device: str | torch.device = "cpu"):
-    """(GPT in eval mode with float32 weights, its RunConfig) from a model folder."""
+    """(model in eval mode, its config) from a model folder: a GPT with float32 weights for a
+    RunConfig, a RecordGPT with the weights as trained for a RecordRunConfig."""
     from safetensors.torch import load_file
 
     from speedrun.model.gpt import GPT
@@ -89,6 +90,8 @@ def load_model(folder: Path, device: str | torch.device = "cpu"):
     if not path.exists():
         raise ConfigError(f"{folder}: no {WEIGHTS} (the run did not finish, or this is not a model folder)")
     state = load_file(str(path))
+    if isinstance(cfg, RecordRunConfig):
+        return _record_model(state, cfg, path).to(device).eval(), cfg
     n_scalars = state["scalars"].numel() if "scalars" in state else 1
     model = GPT(cfg.model, cfg.attention, kernels=cfg.train.kernels)
     if "scalars" in state:
@@ -97,6 +100,24 @@ def load_model(folder: Path, device: str | torch.device = "cpu"):
     if missing or unexpected:
         raise ConfigError(f"{path}: weights do not match {CONFIG} (missing {missing[:3]}, unexpected {unexpected[:3]})")
     return model.to(device).eval(), cfg
+
+
+def _record_model(state: dict, cfg: RecordRunConfig, path: Path):
+    """The RecordGPT the weights fit: its bank pads tell the world size that trained it."""
+    from speedrun.model.record import RecordGPT
+
+    pads = state["qk_bank"].shape[0] - cfg.model.qk_matrices if "qk_bank" in state else -1
+    sizes = [w for w in (1, 2, 4, 8) if cfg.model.bank_pads(w)[0] == pads]
+    if not sizes:
+        raise ConfigError(f"{path}: weights do not match {CONFIG} (qk_bank holds no bank of this model)")
+    with torch.device("meta"):
+        model = RecordGPT(cfg.model, sizes[0])
+    try:
+        model.load_state_dict(state, strict=True, assign=True)
+    except RuntimeError as e:
+        raise ConfigError(f"{path}: weights do not match {CONFIG} ({str(e).splitlines()[0]})") from None
+    model.tied = False  # whatever the run's tie, the weights now are two tensors
+    return model
 
 
 # ---------------------------------------------------------------- resumable checkpoints

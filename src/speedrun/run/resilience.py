@@ -31,7 +31,7 @@ import torch
 
 from speedrun import __version__
 from speedrun.run import checkpoint as ck
-from speedrun.config import RunConfig, all_field_paths, apply_overrides, diff, from_dict
+from speedrun.config import AnyConfig, all_field_paths, apply_overrides, config_class, diff, from_dict
 from speedrun.errors import ConfigError
 from speedrun.run.faults import FaultInjector, Interrupted, TrainingFault
 from speedrun.run.health import Fault, HealthMonitor, LossJudge, weights_finite
@@ -43,7 +43,7 @@ MAY_CHANGE = tuple(f"train.{n}" for n in (
     "max_recoveries", "recover_lr_factor", "inject_fault", "log_every", "sample_tokens", "val_every",
     "warmup_steps", "warmup_steps_warm", "compile",
     # how the step is compiled and launched, not what it computes (config.py: "Speed only")
-    "precompile", "dynamo_cache", "kernels")) + ("data.data_dir", "attention.backend")
+    "precompile", "dynamo_cache", "kernels", "warmup")) + ("data.data_dir", "attention.backend", "stages.val_every")
 
 
 # ---------------------------------------------------------------- command line
@@ -71,7 +71,7 @@ def _describe(d: dict, limit: int = 4) -> str:
     return "; ".join(items[:limit]) + more
 
 
-def resume_config(run: Path, preset: str | None, asked: RunConfig | None, overrides: list[str]) -> RunConfig:
+def resume_config(run: Path, preset: str | None, asked: AnyConfig | None, overrides: list[str]) -> AnyConfig:
     """The config to resume `run` with, or a one-line refusal saying what differs.
 
     With --preset, `asked` (that preset plus the flags) must equal the
@@ -96,8 +96,9 @@ def resume_config(run: Path, preset: str | None, asked: RunConfig | None, overri
     _refuse_fields_added_since(run, written)
     saved = from_dict(written)
     if preset is not None and preset != saved.name:
+        what = _describe(diff(saved, asked)) if type(saved) is type(asked) else "a different record's model"
         raise ConfigError(f"--resume {run}: checkpoint is preset '{saved.name}', command line asks '{preset}'; "
-                          f"{_describe(diff(saved, asked))}")
+                          f"{what}")
     cfg = asked if preset is not None else apply_overrides(ck.load_config(folder), ["train.inject_fault="] + overrides)
     differs = {k: v for k, v in diff(saved, cfg).items() if k not in MAY_CHANGE}
     if differs:
@@ -108,7 +109,8 @@ def resume_config(run: Path, preset: str | None, asked: RunConfig | None, overri
 def _refuse_fields_added_since(run: Path, written: dict) -> None:
     """A checkpoint from an earlier speedrun of the same version may lack fields added since. Those in
     MAY_CHANGE take their defaults; any other could change what the run computes, so the resume stops."""
-    absent = [p for p in all_field_paths() if p.split(".", 1)[1] not in written.get(p.split(".", 1)[0], {})]
+    absent = [p for p in all_field_paths(config_class(written))
+              if p.split(".", 1)[1] not in written.get(p.split(".", 1)[0], {})]
     absent = [p for p in absent if p not in MAY_CHANGE]
     if absent:
         more = f" (and {len(absent) - 4} more)" if len(absent) > 4 else ""
@@ -253,10 +255,10 @@ class RunGuard:
 
     def boundary(self, step: int, clock, pending, last: bool) -> bool:
         """Before step `step`. True: rolled back (the loop continues from the restored step)."""
-        t, single = self.t, self.info.world_size == 1
+        single = self.info.world_size == 1
         due = self._save_due(step, last)
         check = (last or due or step == self.save_at or self.health.pending is not None
-                 or bool(t.val_every and step % t.val_every == 0))
+                 or self.tr.validates(step))
         if single:
             check = check or self.signum is not None or self._time_due(last)
         if not check:
@@ -318,7 +320,8 @@ class RunGuard:
 
     def snapshot(self, step: int, train_time_s: float) -> ck.Snapshot:
         tr = self.tr
-        rank_state = {"optimizers": [o.state_dict() for o in tr.optimizers], "loader": tr.loader.state_dict()}
+        rank_state = {"optimizers": [o.state_dict() for o in tr.optimizers], "loader": tr.loader.state_dict(),
+                      "extra": tr.extra_state()}
         rank_state = self.copier.copy(rank_state, tr.device)
         rank_state["rng"] = ck.rng_state()
         model = self.copier.copy(tr.model.state_dict(), tr.device) if self.info.is_main else None
@@ -369,6 +372,7 @@ class RunGuard:
         for opt, state in zip(tr.optimizers, data.rank_state["optimizers"], strict=True):
             opt.load_state_dict(state)
         tr.loader.load_state_dict(data.rank_state["loader"])
+        tr.load_extra_state(data.rank_state.get("extra", {}))
         ck.set_rng_state(data.rank_state["rng"])
         self.batches, self.judge.history = meta["batches_drawn"], list(meta["loss_history"])
         self.start_step, self.last_saved = meta["step"], meta["step"]

@@ -12,14 +12,12 @@ is the one training ends with (`schedules.window_blocks(1.0, ...)`).
 
 from __future__ import annotations
 
-import argparse
 import json
 from importlib import resources
 from pathlib import Path
 
 import torch
 
-from speedrun.errors import ConfigError
 
 MODEL_FIELDS = ("num_layers", "model_dim", "num_heads", "head_dim", "mlp_hidden", "activation", "positions",
                 "rotary", "max_positions", "norm", "qk_norm", "tied_head", "value_embeds", "value_residual", "x0_lambdas", "unet",
@@ -64,18 +62,10 @@ def write_code(out: Path) -> None:
         (out / name).write_bytes((code / name).read_bytes())
 
 
-def export(ckpt: Path, out: Path, overwrite: bool = False) -> Path:
-    """Write the Hugging Face folder for the model in `ckpt`; returns `out`."""
+def export_gpt(model, cfg, out: Path) -> Path:
+    """Write the Hugging Face folder of a `GPT` (whose run config is `cfg`) into `out`; returns it."""
     from safetensors.torch import save_file
 
-    from speedrun.run.checkpoint import load_model
-
-    from speedrun.run.outpaths import check_folder
-
-    out = check_folder(out, "--out")  # before the model loads: a bad --out costs nothing
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise ConfigError(f"--out {out}: folder exists and is not empty; pass --overwrite")
-    model, cfg = load_model(Path(ckpt), "cpu")
     out.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().to(torch.float32).contiguous() for k, v in model.state_dict().items()}
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
@@ -85,21 +75,3 @@ def export(ckpt: Path, out: Path, overwrite: bool = False) -> Path:
     write_code(out)
     write_tokenizer(out)
     return out
-
-
-def register(subparsers) -> None:
-    p = subparsers.add_parser("export", help="export a trained model (hf: a transformers folder)")
-    sub = p.add_subparsers(dest="export_format", metavar="FORMAT", required=True)
-    hf = sub.add_parser("hf", help="folder for AutoModelForCausalLM.from_pretrained(..., trust_remote_code=True)")
-    hf.add_argument("--ckpt", required=True, help="model folder (a finished run)")
-    hf.add_argument("--out", required=True, help="folder to write")
-    hf.add_argument("--overwrite", action="store_true", help="write into a non-empty --out")
-    hf.set_defaults(func=cli_export_hf)
-
-
-def cli_export_hf(args: argparse.Namespace) -> int:
-    out = export(Path(args.ckpt), Path(args.out), args.overwrite)
-    files = sorted(p.name for p in out.iterdir())
-    print(f"wrote {out}: {', '.join(files)}")
-    print(f"load with: AutoModelForCausalLM.from_pretrained({str(out)!r}, trust_remote_code=True)")
-    return 0

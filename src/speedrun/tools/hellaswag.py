@@ -6,8 +6,10 @@ build-nanogpt): for each of the 4 endings, the model reads the context then
 everything before them. `acc` picks the ending with the lowest summed loss,
 `acc_norm` the lowest mean loss per token (length-normalised). Each sequence
 starts with EOT, as every training document does, and is scored by its own
-forward pass (`GPT.logits` on one row padded to a block), so the number
-depends only on the model, not on how items are batched.
+forward pass (`GPT.logits` on one row padded to a block; for the 2026 record's
+`RecordGPT`, its key-value decoder over the whole row at the final validation's
+windows, scale and rotary frequencies), so the number depends only on the model,
+not on how items are batched.
 
 The data is the public validation split (10,042 items): fetched once, with a
 timeout, into the cache (speedrun.data.paths.cache_root()), or read from `--file`
@@ -25,7 +27,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from speedrun.errors import DataError
+from speedrun.config import RecordRunConfig
+from speedrun.errors import ConfigError, DataError
+from speedrun.run.checkpoint import load_model
+from speedrun.tools.record_decode import RecordDecoder
+from speedrun.tools.sample import final_window, resolve_device
+from speedrun.train.stages import FinalEvaluation, final_evaluation
 
 URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 NUM_VAL_ITEMS = 10042
@@ -82,40 +89,46 @@ def load_items(path: Path, limit: int | None = None) -> list[dict]:
     return items
 
 
-def ending_losses(model, ctx: str, ending: str, window: int, dtype=torch.float32) -> torch.Tensor:
-    """Cross-entropy (nats) of each token of " " + ending, given EOT + ctx."""
+def ending_losses(model, ctx: str, ending: str, window: int, dtype=torch.float32,
+                  evaluation: FinalEvaluation | None = None) -> torch.Tensor:
+    """Cross-entropy (nats) of each token of " " + ending, given EOT + ctx. `evaluation` set: a
+    `RecordGPT` read through its decoder with those windows, scale and frequencies (`window` unused)."""
     from speedrun.data.tokenizer import EOT, encode
 
     ctx_ids, end_ids = [EOT, *encode(ctx)], encode(" " + ending)
     seq = ctx_ids + end_ids
     n = len(seq)
-    block = model.attn_cfg.block_size
-    device = model.embed.weight.device
-    row = torch.tensor(seq + [0] * ((-n) % block), device=device)
-    logits = model.logits(row, torch.tensor(window, device=device), dtype)
-    pred = logits[len(ctx_ids) - 1: n - 1]
+    if evaluation is not None:
+        device = model.embed.device
+        decoder = RecordDecoder(model, evaluation.windows, evaluation.attn_scale, evaluation.freqs, dtype)
+        logits = decoder.extend(torch.tensor(seq, device=device))
+    else:
+        block = model.attn_cfg.block_size
+        device = model.embed.weight.device
+        row = torch.tensor(seq + [0] * ((-n) % block), device=device)
+        logits = model.logits(row, torch.tensor(window, device=device), dtype)
+    pred = logits[len(ctx_ids) - 1: n - 1].float()
     return F.cross_entropy(pred, torch.tensor(end_ids, device=device), reduction="none")
 
 
 @torch.no_grad()
-def score_item(model, item: dict, window: int, dtype=torch.float32) -> dict:
+def score_item(model, item: dict, window: int, dtype=torch.float32, evaluation: FinalEvaluation | None = None) -> dict:
     """Summed and mean ending losses, and the two predictions."""
-    losses = [ending_losses(model, item["ctx"], e, window, dtype) for e in item["endings"]]
+    losses = [ending_losses(model, item["ctx"], e, window, dtype, evaluation) for e in item["endings"]]
     sums = [float(l.sum()) for l in losses]
     means = [float(l.mean()) for l in losses]
     return {"sum": sums, "mean": means, "pred": min(range(4), key=sums.__getitem__),
             "pred_norm": min(range(4), key=means.__getitem__)}
 
 
-def evaluate(model, items: list[dict], window: int | None = None, dtype=torch.float32, progress: bool = False) -> dict:
+def evaluate(model, items: list[dict], window: int | None = None, dtype=torch.float32, progress: bool = False,
+             evaluation: FinalEvaluation | None = None) -> dict:
     from tqdm import tqdm
 
-    from speedrun.tools.sample import final_window
-
-    w = final_window(model) if window is None else window
+    w = 0 if evaluation is not None else final_window(model) if window is None else window
     correct = correct_norm = 0
     for item in tqdm(items, disable=not progress, unit="item"):
-        s = score_item(model, item, w, dtype)
+        s = score_item(model, item, w, dtype, evaluation)
         correct += s["pred"] == item["label"]
         correct_norm += s["pred_norm"] == item["label"]
     n = len(items)
@@ -135,10 +148,6 @@ def register(subparsers) -> None:
 
 
 def cli_hellaswag(args: argparse.Namespace) -> int:
-    from speedrun.run.checkpoint import load_model
-    from speedrun.errors import ConfigError
-    from speedrun.tools.sample import resolve_device
-
     if args.limit is not None and args.limit < 1:
         raise ConfigError(f"--limit: must be >= 1, got {args.limit}")
     path = Path(args.file) if args.file else cached_file()
@@ -146,8 +155,10 @@ def cli_hellaswag(args: argparse.Namespace) -> int:
         download(path)
     items = load_items(path, args.limit)
     model, cfg = load_model(Path(args.ckpt), resolve_device(args.device))
+    ev = (final_evaluation(cfg.stages, cfg.model.rope_pairs, cfg.model.rope_base)
+          if isinstance(cfg, RecordRunConfig) else None)
     t0 = time.perf_counter()
-    r = evaluate(model, items, progress=not args.json)
+    r = evaluate(model, items, progress=not args.json, evaluation=ev)
     r.update(seconds=round(time.perf_counter() - t0, 1), source=str(path), ckpt=str(args.ckpt))
     if args.json:
         print(json.dumps(r, indent=2))

@@ -24,9 +24,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from speedrun.model.attention import document_ids
+from speedrun.config import RecordRunConfig
 from speedrun.errors import ConfigError
+from speedrun.model.attention import document_ids
 from speedrun.model.gpt import scalar_layout
+from speedrun.train import stages
 
 
 def window_mask(docs_q: Tensor, pos_q: Tensor, docs_k: Tensor, pos_k: Tensor,
@@ -164,6 +166,39 @@ def generate_text(model, prompt: str, max_new_tokens: int, window_blocks: int | 
     return prompt + decode(ids)
 
 
+@torch.no_grad()
+def generate_record(model, prompt_ids: list[int], max_new_tokens: int, windows: tuple[int, int], attn_scale: float,
+                    freqs: Tensor | None = None, temperature: float = 0.8, top_k: int = 50,
+                    dtype: torch.dtype = torch.float32, seed: int | None = None) -> list[int]:
+    """`generate` for the 2026 record's `RecordGPT`, through its key-value cache (record_decode.py) at
+    the given windows, softmax scale and rotary frequencies (the final validation's, in a run)."""
+    from speedrun.data.tokenizer import get_encoding
+    from speedrun.tools.record_decode import RecordDecoder
+
+    if not prompt_ids:
+        raise ConfigError("--prompt: empty prompt (give at least one token)")
+    decoder = RecordDecoder(model, windows, attn_scale, freqs, dtype)
+    gen = torch.Generator().manual_seed(seed) if seed is not None else None
+    logits, vocab = decoder.prefill(torch.tensor(prompt_ids, dtype=torch.long)), get_encoding().n_vocab
+    out: list[int] = []
+    for _ in range(max_new_tokens):
+        out.append(pick_token(logits, vocab, temperature, top_k, gen))
+        if len(out) < max_new_tokens:
+            logits = decoder.step(out[-1])
+    return out
+
+
+def generate_record_text(model, prompt: str, max_new_tokens: int, windows: tuple[int, int], attn_scale: float,
+                         freqs: Tensor | None = None, dtype: torch.dtype = torch.float32, temperature: float = 0.8,
+                         top_k: int = 50, seed: int = 0) -> str:
+    """Prompt plus continuation as text, the prompt starting a document (EOT first)."""
+    from speedrun.data.tokenizer import EOT, decode, encode
+
+    ids = generate_record(model, [EOT, *encode(prompt)], max_new_tokens, windows, attn_scale, freqs, temperature,
+                          top_k, dtype, seed)
+    return prompt + decode(ids)
+
+
 # ------------------------------------------------------------------ command
 
 
@@ -200,8 +235,13 @@ def cli_sample(args: argparse.Namespace) -> int:
         raise ConfigError(f"--temperature: must be >= 0 (0 = greedy), got {args.temperature}")
     if args.top_k < 0:
         raise ConfigError(f"--top-k: must be >= 0 (0 = all tokens), got {args.top_k}")
-    model, _ = load_model(args.ckpt, resolve_device(args.device))
-    text = generate_text(model, args.prompt, args.max_new_tokens, temperature=args.temperature,
-                         top_k=args.top_k, seed=args.seed)
+    model, cfg = load_model(args.ckpt, resolve_device(args.device))
+    if isinstance(cfg, RecordRunConfig):
+        ev = stages.final_evaluation(cfg.stages, cfg.model.rope_pairs, cfg.model.rope_base)
+        text = generate_record_text(model, args.prompt, args.max_new_tokens, ev.windows, ev.attn_scale, ev.freqs,
+                                    temperature=args.temperature, top_k=args.top_k, seed=args.seed)
+    else:
+        text = generate_text(model, args.prompt, args.max_new_tokens, temperature=args.temperature,
+                             top_k=args.top_k, seed=args.seed)
     print(text)
     return 0

@@ -138,8 +138,6 @@ class Trainer:
         self.out_path, self.tb, self.phase = Path(out), None, "set-up"
         self.keep_checkpoints = keep_checkpoints
         self.lr_mult, self.grad_norm, self.last_train_loss = 1.0, None, None
-        self.micro_steps = cfg.train.batch_seqs // info.world_size
-        self.tokens_per_step = cfg.train.batch_seqs * cfg.train.seq_len
         self._windows: dict[int, torch.Tensor] = {}
         # the compiler's caches and child process (compile/session.py), and whatever watches the timed
         # run (the GPU's clocks): the command composes them, the loop only calls them at their moments
@@ -163,6 +161,8 @@ class Trainer:
 
     def _build(self) -> None:
         cfg, info = self.cfg, self.info
+        self.micro_steps = cfg.train.batch_seqs // info.world_size
+        self.tokens_per_step = cfg.train.batch_seqs * cfg.train.seq_len
         self.compiled = self.session.compiled
         self.session.open(self.out.path if self.out else None)  # before the model: the child starts early
         self.compile_cache, self.warmup_count = self.session.cache_state, self.session.warmup_count
@@ -209,6 +209,37 @@ class Trainer:
         env["run"] = self.describe()
         self.out.write_json("config.json", self.cfg.to_dict())
         self.out.write_json(env_file_name(self.out.path, self.guard.resume_dir is not None), env)
+
+    # -------------------------------------------------------------- what the loop asks of a record
+
+    @property
+    def total_steps(self) -> int:
+        return self.cfg.train.steps
+
+    def validates(self, step: int) -> bool:
+        """Whether the loop validates before step `step` (always at the end)."""
+        every = self.cfg.train.val_every
+        return step == self.total_steps or bool(every and step % every == 0)
+
+    @property
+    def val_enabled(self) -> bool:
+        return bool(self.cfg.train.val_tokens)
+
+    def tokens_at(self, step: int) -> int:
+        """Training tokens of all ranks before step `step`."""
+        return step * self.tokens_per_step
+
+    def base_lrs(self) -> dict[str, float]:
+        """The learning rates at multiplier 1, by group, for the log."""
+        o = self.cfg.optim
+        return {"muon": o.muon_lr, "adam_embed": o.embed_lr} if o.kind != "adamw" else {"adamw": o.adamw_lr}
+
+    def extra_state(self) -> dict:
+        """What a checkpoint keeps of this trainer besides model, optimisers, loader and RNG."""
+        return {}
+
+    def load_extra_state(self, state: dict) -> None:
+        pass
 
     # -------------------------------------------------------------- schedules
 
@@ -324,18 +355,17 @@ class Trainer:
                 self.tb.log(record)
 
     def _flush_losses(self, pending: PendingLosses) -> None:
-        o = self.cfg.optim
-        base = {"muon": o.muon_lr, "adam_embed": o.embed_lr} if o.kind != "adamw" else {"adamw": o.adamw_lr}
+        base = self.base_lrs()
         for step, loss, gnorm, ms, mult in pending.flush():
             self._log({"step": step, "train_loss": loss, "grad_norm": gnorm, "lr_mult": mult,
                        "lr": {k: v * mult for k, v in base.items()}, "train_time_ms": ms,
-                       "tokens": step * self.tokens_per_step})
+                       "tokens": self.tokens_at(step)})
             self.last_train_loss = loss
 
     def _validate(self, step: int, clock: Clock, pending: PendingLosses, bar) -> float | None:
         clock.stop()
         self._flush_losses(pending)
-        if not self.cfg.train.val_tokens:
+        if not self.val_enabled:
             return None
         self.phase = "validation"
         self.session.before_validation(self.startup)
@@ -348,20 +378,22 @@ class Trainer:
             self._graphs_in_validation += compiled_graphs() - graphs
         self.phase = "training"
         ms = clock.elapsed * 1000
-        self._log({"step": step, "val_loss": loss, "train_time_ms": ms, "tokens": step * self.tokens_per_step})
+        self._log({"step": step, "val_loss": loss, "train_time_ms": ms, "tokens": self.tokens_at(step)})
         if self.info.is_main:
-            msg = f"step {step}/{self.cfg.train.steps}  val_loss {loss:.4f}  train_time {ms / 1000:.1f}s"
+            msg = f"step {step}/{self.total_steps}  val_loss {loss:.4f}  train_time {ms / 1000:.1f}s"
             (bar.write if bar else print)(msg)
         return loss
 
+    def headline(self) -> str:
+        d = self.describe()
+        return (f"speedrun: {self.cfg.name}: {d['parameters']:,} parameters, {self.info.world_size} rank(s) x "
+                f"{self.micro_steps} micro-step(s), {d['dtype']}, attention={d['attention_backend']}, "
+                f"fp8_head={d['fp8_head']}, compile={d['compile']}")
+
     def run(self) -> dict:
-        cfg, t = self.cfg, self.cfg.train
         self._write_run_header()
         if self.info.is_main:
-            d = self.describe()
-            print(f"speedrun: {cfg.name}: {d['parameters']:,} parameters, {self.info.world_size} rank(s) x "
-                  f"{self.micro_steps} micro-step(s), {d['dtype']}, attention={d['attention_backend']}, "
-                  f"fp8_head={d['fp8_head']}, compile={d['compile']}", flush=True)
+            print(self.headline(), flush=True)
         self.warm_up()
         self.guard.start()  # resuming: restore the checkpoint (after warm-up, which resets state)
         self.startup.mark("resume" if self.guard.resume_dir is not None else "start")
@@ -371,7 +403,7 @@ class Trainer:
         clock, pending, val_loss = Clock(self.device, self.guard.train_time_s), PendingLosses(), None
         from tqdm import tqdm
 
-        bar = tqdm(total=t.steps, initial=self.guard.start_step, disable=not self.progress, unit="step",
+        bar = tqdm(total=self.total_steps, initial=self.guard.start_step, disable=not self.progress, unit="step",
                    dynamic_ncols=True)
         try:
             val_loss, cold_start = self._loop(clock, pending, bar)
@@ -380,13 +412,13 @@ class Trainer:
         return self._finish(val_loss, clock, cold_start)
 
     def _loop(self, clock: Clock, pending: PendingLosses, bar) -> tuple[float | None, float]:
-        t, val_loss = self.cfg.train, None
+        val_loss, total = None, self.total_steps
         cold_start = None  # process start -> first timed step, the first validation included
-        for step in self.guard.steps(t.steps):
-            last = step == t.steps
+        for step in self.guard.steps(total):
+            last = step == total
             if self.guard.boundary(step, clock, pending, last):
                 continue  # rolled back to the last good checkpoint; the loop goes on from there
-            if last or (t.val_every and step % t.val_every == 0):
+            if self.validates(step):
                 val_loss = self._validate(step, clock, pending, bar)
             if last:
                 break
@@ -412,14 +444,14 @@ class Trainer:
         if self.device.type == "cpu":
             self.last_train_loss = loss.item()
         secs = clock.approx_ms() / 1000
-        steps = done - self.guard.start_step
-        info = {"tok/s": f"{steps * self.tokens_per_step / secs:,.0f}" if secs > 0 else "-"}
+        tokens = self.tokens_at(done) - self.tokens_at(self.guard.start_step)
+        info = {"tok/s": f"{tokens / secs:,.0f}" if secs > 0 else "-"}
         if self.last_train_loss is not None:
             info = {"loss": f"{self.last_train_loss:.4f}", **info}
         bar.set_postfix(info, refresh=False)
 
     def _finish(self, val_loss: float | None, clock: Clock, cold_start: float) -> dict:
-        t = self.cfg.train
+        steps = self.total_steps
         self.guard.close()  # the last checkpoint write, if one is in flight
         self.session.save_packages()  # graphs compiled since the first timed step (a late first validation)
         cuda = self.device.type == "cuda"
@@ -427,12 +459,12 @@ class Trainer:
         # reserved: the allocator's peak hold, its cached free blocks included (what the card must have)
         reserved = torch.cuda.max_memory_reserved(self.device) if cuda else None
         summary = {
-            "preset": self.cfg.name, "steps": t.steps, "final_val_loss": val_loss,
-            "train_time_ms": clock.elapsed * 1000, "ms_per_step": clock.elapsed * 1000 / t.steps,
+            "preset": self.cfg.name, "steps": steps, "final_val_loss": val_loss,
+            "train_time_ms": clock.elapsed * 1000, "ms_per_step": clock.elapsed * 1000 / steps,
             "peak_memory_bytes": peak, "peak_reserved_bytes": reserved, "cold_start_s": cold_start,
             "cold_start_phases_s": self.startup.as_dict(),
             "graphs_compiled_in_timed_run": compiled_graphs() - self._graphs_at_start - self._graphs_in_validation,
-            "tokens": t.steps * self.tokens_per_step, "gpu_clocks": None, **self.describe(),
+            "tokens": self.tokens_at(steps), "gpu_clocks": None, **self.describe(),
         }
         for watcher in self.watchers:
             watcher.finish(summary)
@@ -452,7 +484,7 @@ class Trainer:
             shown = "none (no validation)" if val_loss is None else f"{val_loss:.4f}"
             print(f"speedrun: final val_loss {shown}, training time {clock.elapsed:.1f}s "
                   f"({summary['ms_per_step']:.1f} ms/step), cold start {cold_start:.1f}s -> {self.out.path}")
-        if t.sample_tokens and self.info.is_main:
+        if self.cfg.train.sample_tokens and self.info.is_main:
             self._print_sample()
         return summary
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from speedrun.config import MASK_BLOCK, RunConfig
+from speedrun.config import MASK_BLOCK, DataConfig, RunConfig
 from speedrun.kernels.fp8 import fp8_supported
 from speedrun.model.attention import pick_backend
 from speedrun.model.gpt import GPT
@@ -28,11 +28,18 @@ def use_compile(mode: str, device: torch.device) -> bool:
     return mode == "on" or (mode == "auto" and device.type == "cuda")
 
 
-def resolve_data(cfg: RunConfig) -> tuple[list[Path], Path | None]:
-    from speedrun.data.paths import default_fineweb_dir, demo_data_dir, discover_files
+def data_folder(data: DataConfig) -> Path:
+    """The shards' folder: the embedded corpus for "demo", the default FineWeb folder for ""."""
+    from speedrun.data.paths import default_fineweb_dir, demo_data_dir
 
-    d = cfg.data.data_dir
-    folder = demo_data_dir() if d == "demo" else Path(d) if d else default_fineweb_dir()
+    d = data.data_dir
+    return demo_data_dir() if d == "demo" else Path(d) if d else default_fineweb_dir()
+
+
+def resolve_data(cfg: RunConfig) -> tuple[list[Path], Path | None]:
+    from speedrun.data.paths import discover_files
+
+    folder = data_folder(cfg.data)
     train = discover_files(folder, cfg.data.train_pattern, "train")
     val = discover_files(folder, cfg.data.val_pattern, "val")[0] if cfg.train.val_tokens else None
     return train, val

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import torch
 
@@ -207,20 +208,37 @@ def yarn_state(
     stage: int,
     dtype: torch.dtype = torch.float32,
     device: torch.device | str | None = None,
+    pairs: int = 32,
+    base: float = 1024.0,
 ) -> tuple[torch.Tensor, float]:
     """RoPE frequencies and attn_scale in force during `stage` (0..3): the initial ones
     with YaRN applied at every stage start whose long window changed (384 -> 896 ->
     1408 -> 1664 in the record: attn_scale 0.1 -> 0.116946 -> 0.127518 -> 0.131778).
-    The final validation keeps the extension's values."""
+    The final validation keeps the extension's values. pairs and base: the model's rotary
+    (`RecordModelConfig.rope_pairs`, `rope_base`)."""
     if not 0 <= stage < N_STAGES:
         raise ValueError(f"stage {stage} outside 0..{N_STAGES - 1}")
-    freqs, scale = record_parts.rope_freqs().to(device=device, dtype=dtype), cfg.attn_scale_start
+    freqs, scale = record_parts.rope_freqs(pairs, base).to(device=device, dtype=dtype), cfg.attn_scale_start
     longs = [b[1] * cfg.block_tokens for b in cfg.window_blocks]
     for old, new in zip(longs[:stage], longs[1 : stage + 1]):
         if new != old:
             freqs, scale = record_parts.yarn(freqs, scale, old, new)
             freqs = freqs.to(dtype)
     return freqs, scale
+
+
+class FinalEvaluation(NamedTuple):
+    """How a finished run's model is evaluated: the final validation's (short, long) windows in tokens,
+    and the extension's softmax scale and float32 rotary frequencies (sample, export and eval use it)."""
+
+    windows: tuple[int, int]
+    attn_scale: float
+    freqs: torch.Tensor
+
+
+def final_evaluation(cfg: StageConfig, pairs: int, base: float) -> FinalEvaluation:
+    freqs, scale = yarn_state(cfg, N_STAGES - 1, pairs=pairs, base=base)
+    return FinalEvaluation(final_val_windows(cfg), scale, freqs)
 
 
 # ---- optimiser and loss weights ---------------------------------------------------------

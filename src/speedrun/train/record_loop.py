@@ -1,0 +1,292 @@
+"""The 2026-07 record's training loop (#89): the `Trainer`'s loop with the record's step.
+
+The loop itself (validation with the clock stopped, the timed run, checkpoints, resume, faults, the
+summary and the run folder) is `Trainer`'s: a record differs in what a step is, and this class
+supplies exactly that. Why it is built this way:
+
+- A step is asked of the staged schedule (`stages.step_plan`): its batch shape, windows, lr and
+  momentum, MTP and prefix weights. Nothing about the schedule is state; YaRN's frequencies and
+  softmax scale are a function of the stage (`stages.yarn_state`), so a resumed run, the warm-up's
+  restore and the final validation all just ask again.
+- The loader (`documents.DocumentLoader`) takes the step's shape as arguments; `_StepBatches` is
+  it as the run guard asks for it (`next_step()` with this step's plan), so skipping a bad batch
+  after a recovery draws one of the same shape.
+- The step is the spec's: every micro-step backpropagates grad_scale × its summed loss (1/grad_accum,
+  no division by tokens), NorMuon updates the banks every step, Adam the rest on odd steps from the
+  even step's kept gradients (`RecordAdam.restore_pending_grads` puts them back before the odd
+  step's backward, as the record's surviving gradients are), the embedding unties from the head at
+  the split step, and FP8's MLP weights are re-quantised after every update.
+- What the spec keeps besides parameters and optimiser state is saved with a checkpoint
+  (`extra_state`): the FP8 delayed scales. The tie is part of Adam's state dict.
+- The step runs eagerly (`train.compile=on` is refused for this record): the GPU path, its kernels
+  and its compile plan are work of their own. The loss weights reach the loss as tensors already,
+  so that a compiled step can keep one graph per stage.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from speedrun.compile.session import PlainSession
+from speedrun.config import RecordRunConfig
+from speedrun.data import documents
+from speedrun.data.shards import check_vocab
+from speedrun.data.tokenizer import get_encoding
+from speedrun.model.record import RecordGPT, count_parameters
+from speedrun.model.record_fp8 import Fp8Training
+from speedrun.model.record_loss import prefix_table
+from speedrun.model import record_parts
+from speedrun.optim.normuon import build_normuon
+from speedrun.optim.record_adam import build_record_adam
+from speedrun.train import stages
+from speedrun.train.dist import DistInfo, all_reduce_mean
+from speedrun.train.loop import Trainer, grad_norm
+from speedrun.train.setup import data_folder
+
+BANKS = ("qk_bank", "vo_bank", "mlp_bank")  # NorMuon's; every other parameter is Adam's
+
+
+class _StepBatches:
+    """The document loader as the run guard draws from it: `next_step()` gives this step's
+    micro-batches (on the device) at the shape of the plan the trainer set."""
+
+    def __init__(self, loader: documents.DocumentLoader, device: torch.device):
+        self.loader, self.device = loader, device
+        self.plan: stages.StepPlan | None = None
+
+    def next_step(self) -> list[documents.DocBatch]:
+        p = self.plan
+        return [documents.to_device(b, self.device)
+                for b in self.loader.next_step(p.local_tokens, p.max_doc_len, p.max_docs)]
+
+    def state_dict(self) -> dict:
+        return self.loader.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.loader.load_state_dict(state)
+
+
+def build_record_model(cfg: RecordRunConfig, world_size: int, device: torch.device) -> RecordGPT:
+    """The model as the run starts it: initialised from a CPU generator seeded with train.seed (the
+    same weights on every device and world size, pads aside), tied."""
+    gen = torch.Generator().manual_seed(cfg.train.seed)
+    return RecordGPT(cfg.model, world_size, device=device, generator=gen)
+
+
+def split_parameters(model: RecordGPT) -> tuple[dict, dict]:
+    """(NorMuon's banks, Adam's other parameters), by the spec's names."""
+    named = dict(model.named_parameters())
+    return {n: named[n] for n in BANKS}, {n: p for n, p in named.items() if n not in BANKS}
+
+
+class RecordTrainer(Trainer):
+    """Trains a `RecordRunConfig`; `Trainer` runs the loop around its steps."""
+
+    cfg: RecordRunConfig
+
+    def __init__(self, cfg: RecordRunConfig, info: DistInfo, *args, session=None, **kwargs):
+        session = session or PlainSession(False, info)  # the step runs eagerly (module docstring)
+        super().__init__(cfg, info, *args, session=session, **kwargs)
+
+    # -------------------------------------------------------------- set-up
+
+    def _build(self) -> None:
+        cfg, info = self.cfg, self.info
+        st, d = cfg.stages, cfg.docs
+        self.micro_steps = documents.grad_accum_steps(info.world_size, d)
+        self.compiled = self.session.compiled
+        self.session.open(self.out.path if self.out else None)
+        self.compile_cache = self.session.cache_state
+        run_warmup = cfg.train.warmup == "on" or (cfg.train.warmup == "auto" and self.compiled)
+        self.warmup_count = len(stages.warmup_steps(st)) if run_warmup else 0
+        self.startup.mark("compile_cache")
+        self.model = build_record_model(cfg, info.world_size, self.device)
+        self.fp8 = self._fp8()
+        self.model.fp8 = self.fp8
+        self.prefix = prefix_table(get_encoding(), cfg.model.vocab).to(self.device)
+        self.startup.mark("model")
+        self.optimizers = self._optimizers()
+        self._refresh_fp8(after_step=-1)
+        folder = data_folder(cfg.data)
+        train_files = documents.discover_files(folder, cfg.data.train_pattern, "train")
+        self.val_files = documents.val_files(folder, cfg.data.val_pattern) if d.val_tokens else []
+        check_vocab(train_files + self.val_files, cfg.model.vocab)
+        self.loader = _StepBatches(documents.DocumentLoader(train_files, info.rank, info.world_size, d),
+                                   self.device)
+        self._rope: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        m = cfg.model
+        self._yarn = {k: stages.yarn_state(st, k, device=self.device, pairs=m.rope_pairs, base=m.rope_base)
+                      for k in range(stages.N_STAGES)}
+
+    def _fp8(self) -> Fp8Training | None:
+        """FP8 where the config asks for it and activations are bfloat16 (the record's numbers)."""
+        f = self.cfg.fp8
+        if self.dtype != torch.bfloat16 or not (f.head or f.mlp):
+            return None
+        layers = self.cfg.model.mlp_bank_layers if f.mlp else 0
+        return Fp8Training(self.cfg.fp8_scales, 1.0 / self.micro_steps if f.head else None, layers, self.device)
+
+    def _optimizers(self) -> list[torch.optim.Optimizer]:
+        """NorMuon over the banks, Adam over the rest with the tie until the split step."""
+        banks, others = split_parameters(self.model)
+        st = self.cfg.stages
+        muon = build_normuon(*banks.values(), self.cfg.normuon, momentum=stages.muon_momentum(st, 0))
+        adam = build_record_adam(others, self.cfg.adam, split_step=stages.split_step(st))
+        return [muon, adam]
+
+    def _refresh_fp8(self, after_step: int) -> None:
+        """Re-quantise the MLP weights after an update (-1: before the first step); the refreshes
+        after steps 0..15 bootstrap W2's scale from the current weights."""
+        if self.fp8 is not None and self.fp8.mlp is not None:
+            self.fp8.refresh(self.model.mlp_bank, self.cfg.fp8_scales.bootstrap_refreshes > after_step)
+
+    def describe(self) -> dict:
+        f = self.fp8
+        return {
+            "parameters": count_parameters(self.model), "world_size": self.info.world_size,
+            "micro_steps": self.micro_steps, "dtype": str(self.dtype).replace("torch.", ""),
+            "attention_backend": "reference", "fp8_head": bool(f and f.head_grad_scale is not None),
+            "fp8_mlp": bool(f and f.mlp), "compile": self.compiled, "device": str(self.device),
+        }
+
+    def headline(self) -> str:
+        st, d = self.cfg.stages, self.describe()
+        return (f"speedrun: {self.cfg.name}: {d['parameters']:,} parameters, {st.scheduled_steps} + "
+                f"{st.extension_steps} steps, {self.info.world_size} rank(s) x {self.micro_steps} micro-step(s), "
+                f"{d['dtype']}, fp8 head/mlp={d['fp8_head']}/{d['fp8_mlp']}, compile={d['compile']}")
+
+    # -------------------------------------------------------------- what the loop asks
+
+    @property
+    def total_steps(self) -> int:
+        return self.cfg.stages.total_steps
+
+    def validates(self, step: int) -> bool:
+        return stages.validates(self.cfg.stages, step)
+
+    @property
+    def val_enabled(self) -> bool:
+        return bool(self.cfg.docs.val_tokens)
+
+    def tokens_at(self, step: int) -> int:
+        st = self.cfg.stages
+        return sum(stages.tokens_per_step(st, s) for s in range(min(step, st.total_steps)))
+
+    def base_lrs(self) -> dict[str, float]:
+        return {"normuon": self.cfg.normuon.lr, "adam": self.cfg.adam.lr}
+
+    # -------------------------------------------------------------- steps
+
+    def _rope_tables(self, stage: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin of the stage's YaRN frequencies for 2n positions (the paired layers' rows)."""
+        if (stage, n) not in self._rope:
+            self._rope[(stage, n)] = record_parts.rope_tables(self._yarn[stage][0], 2 * n)
+        return self._rope[(stage, n)]
+
+    def set_schedules(self, plan: stages.StepPlan) -> None:
+        self.lr_mult = plan.lr_mul * self.guard.lr_factor
+        for opt in self.optimizers:
+            for group in opt.param_groups:
+                group["lr"] = group["initial_lr"] * self.lr_mult
+                if "momentum" in group:
+                    group["momentum"] = plan.momentum
+
+    def _loss_weights(self, plan: stages.StepPlan) -> tuple[torch.Tensor, torch.Tensor | float]:
+        """MTP weights as a tensor; π as a tensor in the stages that have a prefix term, else 0."""
+        st, k = self.cfg.stages, plan.stage
+        mtp = torch.tensor(plan.mtp_weights, dtype=torch.float32, device=self.device)
+        has_prefix = st.prefix_start[k] or st.prefix_end[k]
+        return mtp, torch.tensor(plan.prefix_weight, device=self.device) if has_prefix else 0.0
+
+    def micro_loss(self, batch: documents.DocBatch, plan: stages.StepPlan) -> torch.Tensor:
+        """One micro-batch's summed training loss (MTP and prefix terms) at the plan's schedule."""
+        mtp, pi = self._loss_weights(plan)
+        rope = self._rope_tables(plan.stage, batch.inputs.numel())
+        return self.model.training_loss(batch.inputs, batch.targets, batch.cu_seqlens,
+                                        (plan.short_window, plan.long_window), self._yarn[plan.stage][1], mtp,
+                                        pi, self.prefix, rope=rope, dtype=self.dtype)
+
+    def train_step(self, step: int) -> torch.Tensor:
+        """One optimiser step over this rank's micro-batches; its mean loss per token (device)."""
+        plan = stages.step_plan(self.cfg.stages, step, self.cfg.docs)
+        self.set_schedules(plan)
+        muon, adam = self.optimizers
+        if plan.adam_step:
+            adam.restore_pending_grads()  # the even step's gradients, summed onto by this step's
+        self.loader.plan = plan
+        batches = self.guard.next_batches()
+        total = torch.zeros((), device=self.device)
+        with self.guard.health.watch(step):
+            for batch in batches:
+                loss = self.guard.loss(self.micro_loss(batch, plan))
+                (loss / self.micro_steps).backward()
+                total += loss.detach().float()
+        self.guard.before_update(step)
+        self.grad_norm = grad_norm(self.model) if self._log_step(step) else None
+        muon.step()
+        adam.step(step=step)
+        muon.zero_grad(set_to_none=True)
+        self.model.tied = adam.tied
+        self._refresh_fp8(after_step=step)
+        mean = all_reduce_mean(total / (len(batches) * plan.local_tokens))
+        self.guard.after_update(step, mean)
+        return mean
+
+    @torch.no_grad()
+    def evaluate(self, step: int) -> float:
+        """Mean next-token loss over the val chunks: the step's windows and YaRN, or at the end the
+        final windows with the extension's YaRN."""
+        st = self.cfg.stages
+        last = step >= st.total_steps
+        stage = stages.stage_index(st, min(step, st.total_steps - 1))
+        windows = stages.final_val_windows(st) if last else stages.windows(st, step)
+        self.model.eval()
+        total, n = torch.zeros((), device=self.device), 0
+        for batch in documents.val_batches(self.val_files, self.info.rank, self.info.world_size, self.cfg.docs,
+                                           self.device):
+            rope = self._rope_tables(stage, batch.inputs.numel())
+            total += self.model.eval_loss(batch.inputs, batch.targets, batch.cu_seqlens, windows,
+                                          self._yarn[stage][1], rope=rope, dtype=self.dtype).float()
+            n += 1
+        self.model.train()
+        return all_reduce_mean(total / max(n, 1)).item()
+
+    def warm_up(self) -> None:
+        """The spec's untimed warm-up: at each step of the warm-up set one training step (the eval
+        forwards compile at the first validation), then parameters, optimisers (NorMuon's buffers
+        zeroed, the tie restored), FP8 and the loader back to their start."""
+        if not self.warmup_count:
+            return
+        model_state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        loader_state = self.loader.state_dict()
+        for i, step in enumerate(stages.warmup_steps(self.cfg.stages)):
+            self.train_step(step)
+            self.startup.mark("first_step" if i == 0 else "warmup_steps")
+        self.model.load_state_dict(model_state)
+        self.model.tied = True
+        self.optimizers = self._optimizers()
+        if self.fp8 is not None:
+            self.fp8.reset()
+        self._refresh_fp8(after_step=-1)
+        self.loader.load_state_dict(loader_state)
+        self.startup.mark("restore")
+
+    # -------------------------------------------------------------- checkpoints and the end
+
+    def extra_state(self) -> dict:
+        """What a checkpoint keeps besides model, optimisers, loader and RNG: the FP8 delayed scales."""
+        return {"fp8": self.fp8.state_dict() if self.fp8 is not None else None}
+
+    def load_extra_state(self, state: dict) -> None:
+        if self.fp8 is not None and state.get("fp8") is not None:
+            self.fp8.load_state_dict(state["fp8"])
+        self.model.tied = self.optimizers[1].tied
+
+    def _print_sample(self) -> None:
+        from speedrun.tools.sample import generate_record_text
+
+        st = self.cfg.stages
+        freqs, scale = self._yarn[stages.N_STAGES - 1]
+        text = generate_record_text(self.model, "It was a dark and stormy night", self.cfg.train.sample_tokens,
+                                    stages.final_val_windows(st), scale, freqs, dtype=self.dtype)
+        print(f"sample: {text}")
