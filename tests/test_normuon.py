@@ -338,13 +338,41 @@ def test_state_dict_round_trip_continues_identically():
     assert all(torch.equal(t, torch.zeros_like(t)) for s in opt2.state.values() for t in s.values())
 
 
+def _world_banks(world_size: int) -> list[torch.nn.Parameter]:
+    """`_banks(2)` for W = 2; for more ranks banks grown to a multiple of W: qk (W matrices, zero pads
+    from the fifth), vo (W), and an MLP bank of W / 2 layer pairs (one matrix a rank, parities alternating)."""
+    if world_size == 2:
+        return _banks(2)
+    gen = torch.Generator().manual_seed(2)
+    qk = torch.randn(world_size, 8, 24, generator=gen)
+    qk[4:] = 0
+    vo = torch.randn(world_size, 16, 16, generator=gen)
+    mlp = torch.randn(world_size // 2, 2, 40, 16, generator=gen)
+    return [torch.nn.Parameter(t.bfloat16()) for t in (qk, vo, mlp)]
+
+
+def _dyadic_grads(step: int, rank: int, banks, world_size: int) -> list[torch.Tensor]:
+    """Multiples of 1/32 small enough that the world's bf16 sum is exact in any order, so one process
+    can be fed the same average as the ranks' all-reduce gives."""
+    gen = torch.Generator().manual_seed(1000 * step + rank)
+    bound = 32 // world_size
+    grads = [(torch.randint(-bound, bound, b.shape, generator=gen).float() / 32).bfloat16() for b in banks]
+    grads[0][4:] = 0  # pads have no gradient
+    return grads
+
+
+def _world_opt(banks, world_size: int) -> NorMuon:
+    groups = [dict(params=banks[:2]), dict(params=[banks[2]], matrix_lr_mul=mlp_matrix_lr_mul(banks[2].shape[0] * 2))]
+    return NorMuon(groups, lr=0.3, momentum=0.85, weight_decay=1.2, beta2=0.9)
+
+
 def _dist_worker(rank: int, world_size: int, init_file: str, out_dir: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
     try:
-        banks = _banks(2)
-        opt = _make_opt(banks)
-        _train(opt, banks, lambda step, bs: _grads(step, rank, bs), SCHEDULE)
+        banks = _world_banks(world_size)
+        opt = _world_opt(banks, world_size)
+        _train(opt, banks, lambda step, bs: _dyadic_grads(step, rank, bs, world_size), SCHEDULE)
         states = [{k: v.clone() for k, v in opt.state[b].items()} for b in banks]
         torch.save(dict(banks=[b.detach().clone() for b in banks], states=states),
                    os.path.join(out_dir, f"rank{rank}.pt"))
@@ -354,20 +382,20 @@ def _dist_worker(rank: int, world_size: int, init_file: str, out_dir: str) -> No
 
 
 def _mean_grads(world_size: int):
-    """What the ranks' averaging gives: the bf16 sum, then the division (exact for W = 2)."""
+    """What the ranks' averaging gives: the (exact) bf16 sum, then the division by a power of two."""
     def grads(step, banks):
-        per_rank = [_grads(step, r, banks) for r in range(world_size)]
+        per_rank = [_dyadic_grads(step, r, banks, world_size) for r in range(world_size)]
         return [sum(gs[1:], gs[0]) / world_size for gs in zip(*per_rank)]
     return grads
 
 
 @pytest.mark.distributed
-def test_two_gloo_ranks_equal_one_process(tmp_path):
-    world_size = 2
-    banks = _banks(2)
-    opt = _make_opt(banks)  # (first, so that the forked ranks inherit torch's lazily imported modules)
+@pytest.mark.parametrize("world_size", [2, 8])
+def test_gloo_ranks_equal_one_process(tmp_path, world_size):
+    banks = _world_banks(world_size)
+    opt = _world_opt(banks, world_size)  # (first, so that the forked ranks inherit torch's lazily imported modules)
     _train(opt, banks, _mean_grads(world_size), SCHEDULE)
-    results = run_forked_ranks(_dist_worker, world_size, tmp_path)
+    results = run_forked_ranks(_dist_worker, world_size, tmp_path, timeout_s=120.0)
     for rank, result in enumerate(results):
         for b, got, state in zip(banks, result["banks"], result["states"]):
             assert torch.equal(got.view(torch.int16), b.detach().view(torch.int16))  # bit for bit
@@ -375,7 +403,7 @@ def test_two_gloo_ranks_equal_one_process(tmp_path):
             for key, value in state.items():  # each rank holds its own chunk's state
                 assert value.shape[0] == k
                 assert torch.equal(value, opt.state[b][key][rank * k:(rank + 1) * k]), key
-    assert not torch.equal(results[0]["banks"][1], _banks(2)[1])
+    assert not torch.equal(results[0]["banks"][1], _world_banks(world_size)[1])
 
 
 def test_config_defaults_are_the_records():
