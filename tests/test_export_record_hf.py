@@ -178,3 +178,14 @@ def test_export_refuses_a_wrong_config_or_a_busy_folder(tmp_path, model):
     (tmp_path / "busy" / "x").write_text("x")
     with pytest.raises(ConfigError, match="not empty"):
         export(model, TINY, FINAL_WINDOWS, scale, freqs, tmp_path / "busy")
+
+
+def test_a_model_with_a_technique_switched_off_is_refused(tmp_path):
+    import dataclasses
+
+    cfg = dataclasses.replace(TINY, dc=False, smear=False)
+    model = RecordGPT(cfg, generator=torch.Generator().manual_seed(0))
+    freqs = record_parts.rope_freqs(cfg.rope_pairs, cfg.rope_base)
+    with pytest.raises(ConfigError, match="this model has smear, dc switched off"):
+        export(model, cfg, FINAL_WINDOWS, 0.1, freqs, tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()

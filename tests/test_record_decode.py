@@ -142,3 +142,16 @@ def test_prefill_refuses_a_second_document(models, doc, freqs):
     dec.prefill(doc[:3])
     with pytest.raises(Exception, match="prefill"):
         dec.prefill(doc[:3])
+
+
+@pytest.mark.parametrize("switch", ["smear", "bigram", "x0_inject", "skip", "dc"])
+def test_a_switched_off_technique_changes_the_model_and_the_decoder_follows(models, doc, freqs, switch):
+    """Each technique switch (RecordModelConfig) removes its term from the forward, and the decoder,
+    which writes the same math incrementally, removes it too."""
+    off = dataclasses.replace(SHORT_DC, **{switch: False})
+    model = build(off)
+    want = full_logits(model, doc, BITE, freqs)
+    assert not torch.allclose(want, full_logits(models["short_dc"], doc, BITE, freqs))
+    dec = RecordDecoder(model, BITE, SCALE, freqs, dtype=F32)
+    got = torch.cat([dec.extend(doc[:3])] + [dec.step(int(t))[None] for t in doc[3:]])
+    torch.testing.assert_close(got, want, **TIGHT)

@@ -147,6 +147,23 @@ def test_the_run_learns_and_writes_its_curves(straight):
     assert json.loads((straight / "config.json").read_text())["stages"]["scheduled_steps"] == 11
 
 
+def test_a_run_with_every_technique_switch_off_trains(tmp_path, data):
+    """The switches leave parameters without gradients (the smear gate, the skip's λ): the optimisers
+    skip them, and they end where they started."""
+    from safetensors.torch import load_file
+
+    run = tmp_path / "run"
+    off = [a for name in ("smear", "bigram", "x0_inject", "skip", "dc") for a in ("--set", f"model.{name}=false")]
+    assert main(["train", "--out", str(run), *tiny(data), *off]) == 0
+    _, val_l = curves(run)
+    assert val_l[12] < val_l[0] - 1.0
+    from speedrun.run.checkpoint import load_config
+    from speedrun.train.record_loop import build_record_model
+
+    start = build_record_model(load_config(run), 1, torch.device("cpu"))
+    assert torch.equal(load_file(run / "model.safetensors")["smear_gate"], start.smear_gate.detach())
+
+
 def test_sigterm_at_an_even_step_then_resume_is_exact(straight, tmp_path, data):
     """Step 6 is even (Adam's sums pending) and past the split step; the run crosses stage 3 after."""
     run = tmp_path / "run"

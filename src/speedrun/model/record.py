@@ -70,6 +70,13 @@ class RecordModelConfig:
     xsa_eps: float = 1e-8
     norm_eps: float = 1.1920928955078125e-07
     mudd_dim: int = 64  # hidden width of the four coefficient generators
+    # techniques as switches (the ladder turns them on one by one); the layer lists below switch the
+    # per-layer ones (an empty list: none), the stages and optimiser configs the schedule's
+    smear: bool = True  # e[t] += λ·σ(gate(e[t][0:12]))·e[t−1] inside a document
+    bigram: bool = True  # the hashed bigram embedding b, injected at the input and after every attention
+    x0_inject: bool = True  # + g_x0·x0 after every attention layer but the MUDD one
+    skip: bool = True  # layer 6 (no attention) adds σ(λ)·post28·cache3; off: it adds nothing
+    dc: bool = True  # layer 10's DC correction over the last dc_keys keys
     # layer map
     no_attn_layer: int = 6
     long_layers: tuple[int, ...] = (3, 10)
@@ -409,15 +416,21 @@ class RecordGPT(nn.Module):
         which is cache0."""
         c, t = self.cfg, ctx.tokens
         e = self.embed[t].to(ctx.dtype)
-        e = record_parts.smear(e, self.smear_gate, self.scalars[2 * c.num_layers], c.smear_inputs)
+        if c.smear:
+            e = record_parts.smear(e, self.smear_gate, self.scalars[2 * c.num_layers], c.smear_inputs)
         ctx.x0 = record_parts.norm(e, c.norm_eps)
-        h = record_parts.bigram_hash(t, c.bigram_rows)
-        s = record_parts.bigram_sign_index(t, c.sign_rows)
-        ctx.bigram = record_parts.bigram_vector(self.bigram_embed, self.bigram_signs, h, s).to(ctx.dtype)
+        ctx.bigram = self._bigram(t, ctx.dtype) if c.bigram else torch.zeros_like(ctx.x0)
         ctx.gates.append(self.gate(0, ctx.x0))
         x = ctx.x0 + self._coef(ctx, "bigram", 0) * ctx.bigram
         ctx.after[-1] = x
         return x
+
+    def _bigram(self, tokens: Tensor, dtype: torch.dtype) -> Tensor:
+        """b (n, width): the hashed bigram rows times their ±1 signs."""
+        c = self.cfg
+        h = record_parts.bigram_hash(tokens, c.bigram_rows)
+        s = record_parts.bigram_sign_index(tokens, c.sign_rows)
+        return record_parts.bigram_vector(self.bigram_embed, self.bigram_signs, h, s).to(dtype)
 
     def _layer(self, i: int, x: Tensor, ctx: _Pass) -> Tensor:
         c = self.cfg
@@ -438,6 +451,8 @@ class RecordGPT(nn.Module):
     def _skip(self, x: Tensor, ctx: _Pass) -> Tensor:
         """The attention-less layer: x + σ(λ_skip)·post28·cache3."""
         c = self.cfg
+        if not c.skip:
+            return x
         lam = torch.sigmoid(self.scalars[2 * c.num_layers + 1]).to(ctx.dtype)
         return x + lam * self._coef(ctx, "skip", c.no_attn_layer) * ctx.after[c.skip_source]
 
@@ -450,7 +465,7 @@ class RecordGPT(nn.Module):
         a = self._attention_input(i, x, ctx)
         out = self.attention(i, a, self._value_aux(i, a, ctx), ctx)
         r, p = self._lambda(self.resid_lambdas, i, 0, ctx.dtype), self._lambda(self.post_lambdas, i, 0, ctx.dtype)
-        x = r * x + p * out + self._coef(ctx, "x0", i) * ctx.x0
+        x = r * x + p * out + (self._coef(ctx, "x0", i) * ctx.x0 if self.cfg.x0_inject else 0)
         return x + self._coef(ctx, "bigram", i) * ctx.bigram if i > 0 else x
 
     def _mlp_residual(self, i: int, x: Tensor, dtype: torch.dtype) -> Tensor:
@@ -534,7 +549,7 @@ class RecordGPT(nn.Module):
     def _after_attention(self, i: int, y: Tensor, q: Tensor, k: Tensor, v: Tensor, ctx: _Pass) -> Tensor:
         """DC (added in float32, rounded once), XSA against the token's own v, the raw output gate."""
         c = self.cfg
-        if i == c.dc_layer:
+        if i == c.dc_layer and c.dc:
             term = record_parts.dc_correction(q, k, v, ctx.cu_seqlens, self._coef(ctx, "dc_w1", i),
                                               self._coef(ctx, "dc_w2", i), ctx.attn_scale, c.dc_keys, c.dc_eps)
             y = (y.float() + term).to(y.dtype)

@@ -35,6 +35,7 @@ from speedrun.model.record import RecordGPT, RecordModelConfig, gate_lanes
 from speedrun.tools.export_hf import write_tokenizer
 
 MODELING_FILE = "record_modeling.py"
+SWITCHES = ("smear", "bigram", "x0_inject", "skip", "dc")  # RecordModelConfig's technique switches
 EOT = 50256
 REAL_VOCAB = 50257
 
@@ -91,6 +92,10 @@ def export(model: RecordGPT, cfg: RecordModelConfig, windows: Sequence[int], att
 
     if cfg != model.cfg:
         raise ConfigError("export: cfg is not the model's configuration")
+    off = [name for name in SWITCHES if not getattr(cfg, name)]
+    if off:
+        raise ConfigError(f"export: the exported modelling file computes the whole record; this model has "
+                          f"{', '.join(off)} switched off")
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise ConfigError(f"export: {out} exists and is not empty; pass overwrite=True")

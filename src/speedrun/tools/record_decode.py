@@ -196,8 +196,8 @@ class RecordDecoder:
         last token and its un-smeared embedding for the next call."""
         c, m = self.cfg, self.model
         e = m.embed[chunk.tokens].to(self.dtype)
-        chunk.x0 = record_parts.norm(self._smeared(e), c.norm_eps)
-        chunk.bigram = self._bigram(chunk)
+        chunk.x0 = record_parts.norm(self._smeared(e) if c.smear else e, c.norm_eps)
+        chunk.bigram = self._bigram(chunk) if c.bigram else torch.zeros_like(chunk.x0)
         chunk.gates.append(m.gate(0, chunk.x0))
         x = chunk.x0 + self._coef(chunk, "bigram", 0) * chunk.bigram
         chunk.after[-1] = x
@@ -223,7 +223,7 @@ class RecordDecoder:
         else:
             if i == c.no_attn_layer:
                 lam = torch.sigmoid(m.scalars[2 * c.num_layers + 1]).to(self.dtype)
-                x = x + lam * self._coef(chunk, "skip", i) * chunk.after[c.skip_source]
+                x = x + lam * self._coef(chunk, "skip", i) * chunk.after[c.skip_source] if c.skip else x
             else:
                 x = self._attention_residual(i, x, chunk)
             r, p = self._lambda(m.resid_lambdas, i, 1), self._lambda(m.post_lambdas, i, 1)
@@ -241,7 +241,7 @@ class RecordDecoder:
         a = self._attention_input(i, x, chunk)
         out = self._attention(i, a, self._value_aux(i, a, chunk), chunk)
         r, p = self._lambda(m.resid_lambdas, i, 0), self._lambda(m.post_lambdas, i, 0)
-        x = r * x + p * out + self._coef(chunk, "x0", i) * chunk.x0
+        x = r * x + p * out + (self._coef(chunk, "x0", i) * chunk.x0 if self.cfg.x0_inject else 0)
         return x + self._coef(chunk, "bigram", i) * chunk.bigram if i > 0 else x
 
     def _value_rows(self, k: int, chunk: _Chunk) -> Tensor:
@@ -345,7 +345,7 @@ class RecordDecoder:
         k_pos = torch.arange(first - held, first + q.shape[0], device=q.device)
         probs = window_probs(q, keys, q_pos, k_pos, self._window(i), self.attn_scale)
         y = torch.einsum("hqk,khd->qhd", probs, values.float()).to(q.dtype)
-        if i == c.dc_layer:
+        if i == c.dc_layer and c.dc:
             dc_probs = window_probs(q, keys, q_pos, k_pos, c.dc_keys - 1, self.attn_scale)
             term = dc_term(dc_probs, values, self._coef(chunk, "dc_w1", i), self._coef(chunk, "dc_w2", i), c.dc_eps)
             y = (y.float() + term).to(y.dtype)
