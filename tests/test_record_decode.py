@@ -144,7 +144,7 @@ def test_prefill_refuses_a_second_document(models, doc, freqs):
         dec.prefill(doc[:3])
 
 
-@pytest.mark.parametrize("switch", ["smear", "bigram", "x0_inject", "skip", "dc"])
+@pytest.mark.parametrize("switch", ["smear", "bigram", "x0_inject", "skip", "dc", "mudd"])
 def test_a_switched_off_technique_changes_the_model_and_the_decoder_follows(models, doc, freqs, switch):
     """Each technique switch (RecordModelConfig) removes its term from the forward, and the decoder,
     which writes the same math incrementally, removes it too."""

@@ -153,7 +153,7 @@ def test_a_run_with_every_technique_switch_off_trains(tmp_path, data):
     from safetensors.torch import load_file
 
     run = tmp_path / "run"
-    off = [a for name in ("smear", "bigram", "x0_inject", "skip", "dc") for a in ("--set", f"model.{name}=false")]
+    off = [a for name in ("smear", "bigram", "x0_inject", "skip", "dc", "mudd") for a in ("--set", f"model.{name}=false")]
     assert main(["train", "--out", str(run), *tiny(data), *off]) == 0
     _, val_l = curves(run)
     assert val_l[12] < val_l[0] - 1.0

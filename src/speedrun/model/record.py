@@ -77,6 +77,9 @@ class RecordModelConfig:
     x0_inject: bool = True  # + g_x0·x0 after every attention layer but the MUDD one
     skip: bool = True  # layer 6 (no attention) adds σ(λ)·post28·cache3; off: it adds nothing
     dc: bool = True  # layer 10's DC correction over the last dc_keys keys
+    # MUDD block 0 mixes layer 10's inputs and value from earlier residuals, block 1 the output; off:
+    # layer 10 is a plain attention layer (its own VE gate, x0 and bigram lanes) and the output norm(x)
+    mudd: bool = True
     # layer map
     no_attn_layer: int = 6
     long_layers: tuple[int, ...] = (3, 10)
@@ -185,8 +188,8 @@ def gate_lanes(cfg: RecordModelConfig) -> Lanes:
     for k, layers in enumerate(spans):
         order = [("xsa", i, H) for i in layers if i in cfg.xsa_layers]
         order += [("out_gate", i, H) for i in layers if i in cfg.out_gate_layers]
-        order += [(kind, i, 1) for i in layers if i in cfg.attention_layers and i != cfg.mudd_layer
-                  for kind in ("x0", "bigram")]
+        plain = [i for i in layers if i in cfg.attention_layers and not (cfg.mudd and i == cfg.mudd_layer)]
+        order += [(kind, i, 1) for i in plain for kind in ("x0", "bigram")]
         order += [("skip", i, 1) for i in layers if i == cfg.no_attn_layer]
         order += [(kind, i, H) for i in layers if i == cfg.dc_layer for kind in ("dc_w1", "dc_w2")]
         start = 0
@@ -345,7 +348,8 @@ class RecordGPT(nn.Module):
 
     def unused_entries(self) -> list[tuple[str, tuple]]:
         """(parameter name, index) of every entry no loss reaches (spec "Unresolved / ambiguous"),
-        plus the world-size pads: their gradient is exactly zero."""
+        plus the world-size pads: their gradient is exactly zero. For the whole record (every
+        technique switch on); a switch turned off leaves more."""
         c, L = self.cfg, self.cfg.num_layers
         g0, m1, six = c.gate_outputs[0], len(c.mudd_inits[1]), c.no_attn_layer
         out: list[tuple[str, tuple]] = [
@@ -436,7 +440,7 @@ class RecordGPT(nn.Module):
         c = self.cfg
         if i == c.post_gate_layer:  # from the raw residual entering this layer (cache3)
             ctx.gates.append(self.gate(1, x))
-        if i == c.mudd_layer:
+        if c.mudd and i == c.mudd_layer:
             x = self._mudd_layer(x, ctx)
         else:
             x = self._skip(x, ctx) if i == c.no_attn_layer else self._attention_residual(i, x, ctx)
@@ -586,6 +590,8 @@ class RecordGPT(nn.Module):
         ν4·cache3 (ve0: table 0's row, ungated), then the final norm."""
         c = self.cfg
         x = ctx.after[c.num_layers - 1]
+        if not c.mudd:
+            return record_parts.norm(x, c.norm_eps)
         nu = self.mudd(1, x).split(1, dim=-1)
         x = (x + nu[0] * ctx.after[-1] + nu[1] * ctx.after[c.cache7_layer] + nu[2] * ctx.after[c.mudd_layer - 1]
              + nu[3] * self._value_rows(0, ctx) + nu[4] * ctx.after[c.skip_source])

@@ -35,7 +35,7 @@ from speedrun.model.record import RecordGPT, RecordModelConfig, gate_lanes
 from speedrun.tools.export_hf import write_tokenizer
 
 MODELING_FILE = "record_modeling.py"
-SWITCHES = ("smear", "bigram", "x0_inject", "skip", "dc")  # RecordModelConfig's technique switches
+SWITCHES = ("smear", "bigram", "x0_inject", "skip", "dc", "mudd")  # RecordModelConfig's technique switches
 EOT = 50256
 REAL_VOCAB = 50257
 

@@ -218,7 +218,7 @@ class RecordDecoder:
         c, m = self.cfg, self.model
         if i == c.post_gate_layer:  # from the residual entering layer 4 (cache3)
             chunk.gates.append(m.gate(1, x))
-        if i == c.mudd_layer:
+        if c.mudd and i == c.mudd_layer:
             x = self._mudd_layer(x, chunk)
         else:
             if i == c.no_attn_layer:
@@ -275,6 +275,8 @@ class RecordDecoder:
         """MUDD block 1 on the last residual, then the final norm (spec "Output")."""
         c, a = self.cfg, chunk.after
         x = a[c.num_layers - 1]
+        if not c.mudd:
+            return record_parts.norm(x, c.norm_eps)
         nu = self.model.mudd(1, x).split(1, dim=-1)
         x = (x + nu[0] * a[-1] + nu[1] * a[c.cache7_layer] + nu[2] * a[c.mudd_layer - 1]
              + nu[3] * self._value_rows(0, chunk) + nu[4] * a[c.skip_source])
