@@ -226,6 +226,7 @@ class RecordGPT(nn.Module):
         self.cfg, self.world_size, self.lanes = cfg, world_size, gate_lanes(cfg)
         self.tied = True  # until the split step embed = lm_headᵀ, kept so by the optimiser
         self.fp8: Fp8Training | None = None  # the FP8 products of training forwards (None: bf16)
+        self.attend_kernel = None  # what serves `attend` on half precision (None: the reference)
         self._make_parameters(device)
         if self.embed.device.type != "meta":
             self.reset_parameters(generator)
@@ -528,7 +529,11 @@ class RecordGPT(nn.Module):
         return record_parts.unpair_heads(y)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, window: int, scale: float) -> Tensor:
-        """FA3 varlen semantics on (rows, heads, D): the seam of the GPU attention paths."""
+        """FA3 varlen semantics on (rows, heads, D): the seam of the GPU attention paths. The kernel the
+        trainer sets (`attend_kernel`, kernels/record_attention.py) serves half-precision inputs; the
+        reference serves the rest (float32, the CPU)."""
+        if self.attend_kernel is not None and q.dtype in (torch.bfloat16, torch.float16):
+            return self.attend_kernel(q, k, v, cu_seqlens, window, scale)
         return record_parts.reference_attention(q, k, v, cu_seqlens, window, scale)
 
     def _after_attention(self, i: int, y: Tensor, q: Tensor, k: Tensor, v: Tensor, ctx: _Pass) -> Tensor:
