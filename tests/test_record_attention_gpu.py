@@ -65,3 +65,31 @@ def test_the_model_forward_is_the_references_on_the_gpu():
         model.attend_kernel = record_attention.varlen_attend
         got = model(*args, dtype=torch.bfloat16).float()
     assert (got - want).abs().max() <= 5e-2 * want.abs().max()
+
+
+def test_dc_through_an_attention_function_is_the_references():
+    """The kernel's DC form, with the reference attention as its function, on the CPU in float32."""
+    gen = torch.Generator().manual_seed(3)
+    n, heads, dim = 300, 6, 16
+    q, k, v = (torch.randn(n, heads, dim, generator=gen) for _ in range(3))
+    w1, w2 = torch.randn(n, heads, generator=gen), torch.randn(n, heads, generator=gen)
+    cu = torch.tensor([0, 150, 151, 290, n, n], dtype=torch.int32)  # one document longer than 112 keys
+    want = record_parts.dc_correction(q, k, v, cu, w1, w2, 0.2)
+    got = record_attention.dc_by_attention(record_parts.reference_attention, q, k, v, cu, w1, w2, 0.2)
+    assert got.dtype == torch.float32 and torch.allclose(got, want, atol=1e-5, rtol=1e-5)
+    batched = record_attention.dc_by_attention(record_parts.reference_attention, q[None], k[None], v[None], cu,
+                                               w1[None], w2[None], 0.2)
+    assert torch.equal(batched[0], got)
+
+
+@pytest.mark.gpu
+@gpu
+def test_dc_through_varlen_matches_the_reference():
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    n, heads, dim = 2000, 6, 128
+    q, k, v = (torch.randn(n, heads, dim, device="cuda", generator=gen, dtype=torch.bfloat16) for _ in range(3))
+    w1, w2 = (torch.randn(n, heads, device="cuda", generator=gen) for _ in range(2))
+    cu = torch.tensor([0, 700, 701, 1500, n], dtype=torch.int32, device="cuda")
+    want = record_parts.dc_correction(q.float(), k.float(), v.float(), cu, w1, w2, 0.12)
+    got = record_attention.dc_by_attention(record_attention.varlen_attend, q, k, v, cu, w1, w2, 0.12)
+    assert (got - want).abs().max() <= 2e-2 * want.abs().max()

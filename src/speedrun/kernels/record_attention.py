@@ -8,6 +8,13 @@ paired layers' doubled rows and document bounds go through it unchanged. The flo
 CPU keep `record_parts.reference_attention` (FlashAttention runs in half precision only), and
 `train.kernels=reference` keeps it everywhere. `tests/test_record_attention_gpu.py` holds this path to
 the reference, forward and backward.
+
+Layer 10's DC term goes through the same kernel: term_h(t) = w2_h(t)·Σ_g w1n_g(t)·Σ_j P_g(t, j)·v_h(j),
+with P_g head g's softmax over the last `keys` keys of t's document, is for each value head h one
+windowed attention of all query heads against head h's values broadcast to every head (window
+keys - 1), mixed over g by w1n: H calls of the kernel instead of the reference's per-document loops.
+`dc_by_attention` takes the attention function, so the CPU tests hold it, with the reference as that
+function, to `record_parts.dc_correction`.
 """
 
 from __future__ import annotations
@@ -16,6 +23,8 @@ from collections.abc import Callable
 
 import torch
 from torch import Tensor
+
+from speedrun.model.record_parts import norm
 
 Attend = Callable[[Tensor, Tensor, Tensor, Tensor, int, float], Tensor]
 
@@ -38,6 +47,22 @@ def varlen_attend(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, window: i
     longest = int((cu[1:] - cu[:-1]).max())  # the kernel sizes its grid by it: one host read
     out = _varlen()(q, k, v, cu, cu, longest, longest, scale=scale, window_size=(window, 0))
     return out[None] if batched else out
+
+
+def dc_by_attention(attend: Attend, q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, w1: Tensor, w2: Tensor,
+                    scale: float, keys: int = 112, eps: float = 1e-6) -> Tensor:
+    """`record_parts.dc_correction`'s term (n, H, D) float32 through `attend` (module docstring); q, k,
+    v (n, H, D) or (1, n, H, D), w1 and w2 (n, H) or (1, n, H)."""
+    if q.dim() == 4:
+        shape = q.shape[1:3]
+        return dc_by_attention(attend, q[0], k[0], v[0], cu_seqlens, w1.reshape(shape), w2.reshape(shape),
+                               scale, keys, eps)[None]
+    w1n = norm(w1.float(), eps)  # (n, H)
+    terms = []
+    for h in range(v.shape[1]):
+        spread = attend(q, k, v[:, h:h + 1].expand_as(v).contiguous(), cu_seqlens, keys - 1, scale)  # (n, G, D)
+        terms.append(torch.einsum("ng,ngd->nd", w1n, spread.float()))
+    return w2.float()[..., None] * torch.stack(terms, dim=1)
 
 
 def pick(kernels: str, device: torch.device) -> Attend | None:

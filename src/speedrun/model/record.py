@@ -40,6 +40,7 @@ from torch import Tensor, nn
 
 from speedrun.errors import ConfigError
 from speedrun.model import record_parts
+from speedrun.kernels.record_attention import dc_by_attention
 from speedrun.model.record_fp8 import Fp8Training, fp8_head, fp8_mlp
 from speedrun.model.record_loss import record_eval_loss, record_training_loss
 
@@ -540,8 +541,13 @@ class RecordGPT(nn.Module):
         """DC (added in float32, rounded once), XSA against the token's own v, the raw output gate."""
         c = self.cfg
         if i == c.dc_layer:
-            term = record_parts.dc_correction(q, k, v, ctx.cu_seqlens, self._coef(ctx, "dc_w1", i),
-                                              self._coef(ctx, "dc_w2", i), ctx.attn_scale, c.dc_keys, c.dc_eps)
+            w1, w2 = self._coef(ctx, "dc_w1", i), self._coef(ctx, "dc_w2", i)
+            if self.attend_kernel is not None and q.dtype in (torch.bfloat16, torch.float16):
+                term = dc_by_attention(self.attend_kernel, q, k, v, ctx.cu_seqlens, w1, w2, ctx.attn_scale,
+                                       c.dc_keys, c.dc_eps)
+            else:
+                term = record_parts.dc_correction(q, k, v, ctx.cu_seqlens, w1, w2, ctx.attn_scale, c.dc_keys,
+                                                  c.dc_eps)
             y = (y.float() + term).to(y.dtype)
         if ("xsa", i) in self.lanes:
             y = record_parts.xsa(y, v, self._coef(ctx, "xsa", i), c.xsa_eps)
