@@ -50,6 +50,10 @@ KERNELS = (
            REFERENCE, "tests/test_block_order.py"),
     Kernel("GPT.hidden's embedding lookups (their gradients in a trainer)", "kernels/embed_rows.py",
            "kernels/embed_rows.py", "kernels/embed_rows.py's reference", "tests/test_embed_rows.py"),
+    Kernel("RecordGPT.attend (the 2026 record's per-document windowed attention, bf16)",
+           "kernels/record_attention.py: torch's FlashAttention varlen, window (w, 0)",
+           "kernels/record_attention.py", "model/record_parts.py's reference_attention",
+           "tests/test_record_attention_gpu.py"),
     Kernel("DistAdam's update, Muon's momentum (optim/)", "optim/kernels.py", "optim/kernels.py",
            REFERENCE, "tests/test_optim_kernels.py"),
 )

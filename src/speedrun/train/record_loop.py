@@ -32,6 +32,7 @@ from speedrun.config import RecordRunConfig
 from speedrun.data import documents
 from speedrun.data.shards import check_vocab
 from speedrun.data.tokenizer import get_encoding
+from speedrun.kernels import record_attention
 from speedrun.model.record import RecordGPT, count_parameters
 from speedrun.model.record_fp8 import Fp8Training
 from speedrun.model.record_loss import prefix_table
@@ -103,6 +104,7 @@ class RecordTrainer(Trainer):
         self.model = build_record_model(cfg, info.world_size, self.device)
         self.fp8 = self._fp8()
         self.model.fp8 = self.fp8
+        self.model.attend_kernel = record_attention.pick(cfg.train.kernels, self.device)
         self.prefix = prefix_table(get_encoding(), cfg.model.vocab).to(self.device)
         self.startup.mark("model")
         self.optimizers = self._optimizers()
@@ -145,7 +147,8 @@ class RecordTrainer(Trainer):
         return {
             "parameters": count_parameters(self.model), "world_size": self.info.world_size,
             "micro_steps": self.micro_steps, "dtype": str(self.dtype).replace("torch.", ""),
-            "attention_backend": "reference", "fp8_head": bool(f and f.head_grad_scale is not None),
+            "attention_backend": "varlen" if self.model.attend_kernel else "reference",
+            "fp8_head": bool(f and f.head_grad_scale is not None),
             "fp8_mlp": bool(f and f.mlp), "compile": self.compiled, "device": str(self.device),
         }
 

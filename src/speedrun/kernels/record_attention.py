@@ -1,0 +1,72 @@
+"""`RecordGPT.attend` on a CUDA GPU: torch's FlashAttention varlen with a sliding window.
+
+The record's attention is, per packed document, causal with a token-exact window: query i sees keys
+i - w ... i. FlashAttention's varlen kernel computes exactly that with window (w, 0) and the
+documents as its sequences (`torch.nn.attention.varlen.varlen_attn`, shipped with torch >= 2.10), so
+this path is the model's function on bfloat16 inputs with no mask to build and no block list; the
+paired layers' doubled rows and document bounds go through it unchanged. The float32 tests and the
+CPU keep `record_parts.reference_attention` (FlashAttention runs in half precision only), and
+`train.kernels=reference` keeps it everywhere. `tests/test_record_attention_gpu.py` holds this path to
+the reference, forward and backward.
+
+Layer 10's DC term goes through the same kernel: term_h(t) = w2_h(t)·Σ_g w1n_g(t)·Σ_j P_g(t, j)·v_h(j),
+with P_g head g's softmax over the last `keys` keys of t's document, is for each value head h one
+windowed attention of all query heads against head h's values broadcast to every head (window
+keys - 1), mixed over g by w1n: H calls of the kernel instead of the reference's per-document loops.
+`dc_by_attention` takes the attention function, so the CPU tests hold it, with the reference as that
+function, to `record_parts.dc_correction`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from speedrun.model.record_parts import norm
+
+Attend = Callable[[Tensor, Tensor, Tensor, Tensor, int, float], Tensor]
+
+
+def _varlen():
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:  # torch < 2.10
+        return None
+    return varlen_attn
+
+
+def varlen_attend(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, window: int, scale: float) -> Tensor:
+    """`reference_attention`'s function through FlashAttention varlen: q, k, v (n, H, D) or (1, n, H, D),
+    half precision on a GPU; cu_seqlens int (N + 1,) from 0 to n (empty trailing documents allowed)."""
+    batched = q.dim() == 4
+    if batched:
+        q, k, v = q[0], k[0], v[0]
+    cu = cu_seqlens.reshape(-1).to(device=q.device, dtype=torch.int32)
+    longest = int((cu[1:] - cu[:-1]).max())  # the kernel sizes its grid by it: one host read
+    out = _varlen()(q, k, v, cu, cu, longest, longest, scale=scale, window_size=(window, 0))
+    return out[None] if batched else out
+
+
+def dc_by_attention(attend: Attend, q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, w1: Tensor, w2: Tensor,
+                    scale: float, keys: int = 112, eps: float = 1e-6) -> Tensor:
+    """`record_parts.dc_correction`'s term (n, H, D) float32 through `attend` (module docstring); q, k,
+    v (n, H, D) or (1, n, H, D), w1 and w2 (n, H) or (1, n, H)."""
+    if q.dim() == 4:
+        shape = q.shape[1:3]
+        return dc_by_attention(attend, q[0], k[0], v[0], cu_seqlens, w1.reshape(shape), w2.reshape(shape),
+                               scale, keys, eps)[None]
+    w1n = norm(w1.float(), eps)  # (n, H)
+    terms = []
+    for h in range(v.shape[1]):
+        spread = attend(q, k, v[:, h:h + 1].expand_as(v).contiguous(), cu_seqlens, keys - 1, scale)  # (n, G, D)
+        terms.append(torch.einsum("ng,ngd->nd", w1n, spread.float()))
+    return w2.float()[..., None] * torch.stack(terms, dim=1)
+
+
+def pick(kernels: str, device: torch.device) -> Attend | None:
+    """The attention kernel for a run's `train.kernels` on `device`, or None for the model's reference."""
+    if kernels == "reference" or device.type != "cuda" or _varlen() is None:
+        return None
+    return varlen_attend
