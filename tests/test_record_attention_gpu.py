@@ -19,8 +19,10 @@ gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU
 
 
 def test_the_choice():
-    assert record_attention.pick("auto", torch.device("cpu")) is None
-    assert record_attention.pick("reference", torch.device("cuda")) is None
+    from speedrun.model.record import RecordKernels
+
+    assert record_attention.pick("auto", torch.device("cpu")) == RecordKernels()
+    assert record_attention.pick("reference", torch.device("cuda")) == RecordKernels()
 
 
 def _inputs(n: int, heads: int, dim: int, seed: int):
@@ -38,6 +40,7 @@ def test_varlen_matches_the_reference(window):
     q, k, v = _inputs(n, 6, 128, window)
     scale = 0.12
     got = record_attention.varlen_attend(q, k, v, cu, window, scale)
+    assert torch.equal(got, record_attention.varlen_attend(q, k, v, cu, window, scale, longest=2048))
     want = record_parts.reference_attention(q.float(), k.float(), v.float(), cu, window, scale)
     assert (got.float() - want).abs().max() < 2e-2
     grad = torch.randn_like(want)
@@ -62,8 +65,10 @@ def test_the_model_forward_is_the_references_on_the_gpu():
     args = (tokens, cu, (128, 384), 0.1)
     with torch.no_grad():
         want = model(*args, dtype=torch.bfloat16).float()
-        model.attend_kernel = record_attention.varlen_attend
+        model.kernels = record_attention.pick("auto", torch.device("cuda"))
         got = model(*args, dtype=torch.bfloat16).float()
+        bounded = model(*args, dtype=torch.bfloat16, longest=500).float()
+    assert torch.equal(got, bounded)
     assert (got - want).abs().max() <= 5e-2 * want.abs().max()
 
 
@@ -75,9 +80,12 @@ def test_dc_through_an_attention_function_is_the_references():
     w1, w2 = torch.randn(n, heads, generator=gen), torch.randn(n, heads, generator=gen)
     cu = torch.tensor([0, 150, 151, 290, n, n], dtype=torch.int32)  # one document longer than 112 keys
     want = record_parts.dc_correction(q, k, v, cu, w1, w2, 0.2)
-    got = record_attention.dc_by_attention(record_parts.reference_attention, q, k, v, cu, w1, w2, 0.2)
+    def reference(q, k, v, cu, window, scale, longest):
+        return record_parts.reference_attention(q, k, v, cu, window, scale)
+
+    got = record_attention.dc_by_attention(reference, q, k, v, cu, w1, w2, 0.2)
     assert got.dtype == torch.float32 and torch.allclose(got, want, atol=1e-5, rtol=1e-5)
-    batched = record_attention.dc_by_attention(record_parts.reference_attention, q[None], k[None], v[None], cu,
+    batched = record_attention.dc_by_attention(reference, q[None], k[None], v[None], cu,
                                                w1[None], w2[None], 0.2)
     assert torch.equal(batched[0], got)
 

@@ -713,8 +713,8 @@ def _config(args) -> RunConfig:
 
     cfg = apply_overrides(get_preset(args.preset), list(args.overrides))
     if not isinstance(cfg, RunConfig):
-        raise ConfigError(f"--preset {args.preset}: the bench times the 2025-08 record's GPT step; the 2026 "
-                          "record's step has no bench yet (time it with `speedrun train`)")
+        raise ConfigError(f"--preset {args.preset}: `speedrun warm` fills the 2025-08 record's portable cache; "
+                          "the 2026 record compiles into torch's local caches")
     t = cfg.train
     # a bench is not a run: no validation, checkpoints, health records or injected faults
     t.val_tokens, t.val_every, t.checkpoint_every_steps, t.checkpoint_every_minutes = 0, 0, 0, 0.0
@@ -828,17 +828,27 @@ def check_outputs(args) -> None:
         check_file(args.profile + ".trace.json.gz", "--profile")
 
 
+def _is_record(preset: str) -> bool:
+    from speedrun.config import RecordRunConfig
+    from speedrun.recipes.registry import get_preset
+
+    return isinstance(get_preset(preset), RecordRunConfig)
+
+
 def cmd_bench(args) -> int:
+    from speedrun.bench import record_steps
+    from speedrun.compile.startup import process_start_time
     from speedrun.train.dist import shutdown
 
     check_outputs(args)
     finished = False
     try:
-        result = run_bench(args)
+        record = _is_record(args.preset)
+        result = record_steps.run(args, process_start_time()) if record else run_bench(args)
         finished = True
         if dist.is_available() and dist.is_initialized() and dist.get_rank() != 0:
             return 0
-        print(format_report(result), flush=True)
+        print((record_steps.format_report if record else format_report)(result), flush=True)
         if args.json:
             from speedrun.run.rundir import atomic_write_text
 
@@ -932,6 +942,8 @@ def register(subparsers) -> None:
     p.add_argument("--no-sync-check", dest="sync_check", action="store_false",
                    help="skip counting host synchronisations in one step (CUDA)")
     p.add_argument("--json", metavar="FILE", help="also write every number as JSON")
+    p.add_argument("--pairs", type=int, default=5,
+                   help="the 2026 record's presets: timed (even, odd) step pairs per stage (default 5)")
     p.set_defaults(func=cmd_bench)
 
     w = subparsers.add_parser("warm", help="compile a preset and save the compile cache for later runs",

@@ -1,4 +1,5 @@
-"""`RecordGPT.attend` on a CUDA GPU: torch's FlashAttention varlen with a sliding window.
+"""What serves the 2026 record's seams on a CUDA GPU (`RecordGPT.kernels`): torch's FlashAttention
+varlen with a sliding window for `attend` and `dc_term`, `torch._scaled_mm` for the FP8 products.
 
 The record's attention is, per packed document, causal with a token-exact window: query i sees keys
 i - w ... i. FlashAttention's varlen kernel computes exactly that with window (w, 0) and the
@@ -7,7 +8,9 @@ this path is the model's function on bfloat16 inputs with no mask to build and n
 paired layers' doubled rows and document bounds go through it unchanged. The float32 tests and the
 CPU keep `record_parts.reference_attention` (FlashAttention runs in half precision only), and
 `train.kernels=reference` keeps it everywhere. `tests/test_record_attention_gpu.py` holds this path to
-the reference, forward and backward.
+the reference, forward and backward. The kernel sizes its grid by the longest document: the trainer
+passes the stage's cut length (`longest`), a constant of the stage, so that a compiled step reads
+nothing back from the device; without it the batch's longest document is read once.
 
 Layer 10's DC term goes through the same kernel: term_h(t) = w2_h(t)·Σ_g w1n_g(t)·Σ_j P_g(t, j)·v_h(j),
 with P_g head g's softmax over the last `keys` keys of t's document, is for each value head h one
@@ -24,9 +27,11 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from speedrun.kernels.record_fp8 import scaled_product
+from speedrun.model.record import RecordKernels
 from speedrun.model.record_parts import norm
 
-Attend = Callable[[Tensor, Tensor, Tensor, Tensor, int, float], Tensor]
+Attend = Callable[[Tensor, Tensor, Tensor, Tensor, int, float, int | None], Tensor]
 
 
 def _varlen():
@@ -37,36 +42,49 @@ def _varlen():
     return varlen_attn
 
 
-def varlen_attend(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, window: int, scale: float) -> Tensor:
+def varlen_attend(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, window: int, scale: float,
+                  longest: int | None = None) -> Tensor:
     """`reference_attention`'s function through FlashAttention varlen: q, k, v (n, H, D) or (1, n, H, D),
-    half precision on a GPU; cu_seqlens int (N + 1,) from 0 to n (empty trailing documents allowed)."""
+    half precision on a GPU; cu_seqlens int (N + 1,) from 0 to n (empty trailing documents allowed);
+    longest: no document is longer (None: read from cu_seqlens)."""
     batched = q.dim() == 4
     if batched:
         q, k, v = q[0], k[0], v[0]
     cu = cu_seqlens.reshape(-1).to(device=q.device, dtype=torch.int32)
-    longest = int((cu[1:] - cu[:-1]).max())  # the kernel sizes its grid by it: one host read
+    if longest is None:
+        longest = int((cu[1:] - cu[:-1]).max())  # one host read
     out = _varlen()(q, k, v, cu, cu, longest, longest, scale=scale, window_size=(window, 0))
     return out[None] if batched else out
 
 
 def dc_by_attention(attend: Attend, q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, w1: Tensor, w2: Tensor,
-                    scale: float, keys: int = 112, eps: float = 1e-6) -> Tensor:
+                    scale: float, keys: int = 112, eps: float = 1e-6, longest: int | None = None) -> Tensor:
     """`record_parts.dc_correction`'s term (n, H, D) float32 through `attend` (module docstring); q, k,
     v (n, H, D) or (1, n, H, D), w1 and w2 (n, H) or (1, n, H)."""
     if q.dim() == 4:
         shape = q.shape[1:3]
         return dc_by_attention(attend, q[0], k[0], v[0], cu_seqlens, w1.reshape(shape), w2.reshape(shape),
-                               scale, keys, eps)[None]
+                               scale, keys, eps, longest)[None]
     w1n = norm(w1.float(), eps)  # (n, H)
     terms = []
     for h in range(v.shape[1]):
-        spread = attend(q, k, v[:, h:h + 1].expand_as(v).contiguous(), cu_seqlens, keys - 1, scale)  # (n, G, D)
+        spread = attend(q, k, v[:, h:h + 1].expand_as(v).contiguous(), cu_seqlens, keys - 1, scale, longest)
         terms.append(torch.einsum("ng,ngd->nd", w1n, spread.float()))
     return w2.float()[..., None] * torch.stack(terms, dim=1)
 
 
-def pick(kernels: str, device: torch.device) -> Attend | None:
-    """The attention kernel for a run's `train.kernels` on `device`, or None for the model's reference."""
+def varlen_dc(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, w1: Tensor, w2: Tensor, scale: float,
+              keys: int = 112, eps: float = 1e-6, longest: int | None = None) -> Tensor:
+    """`dc_by_attention` through `varlen_attend`: `RecordKernels.dc` on a GPU."""
+    return dc_by_attention(varlen_attend, q, k, v, cu_seqlens, w1, w2, scale, keys, eps, longest)
+
+
+def pick(kernels: str, device: torch.device) -> RecordKernels:
+    """What serves the record's seams for a run's `train.kernels` on `device`: the one place that
+    chooses. The references (an empty `RecordKernels`) on the CPU, under `reference`, and where
+    torch has no varlen attention; FP8 products by `_scaled_mm` where the GPU has FP8."""
     if kernels == "reference" or device.type != "cuda" or _varlen() is None:
-        return None
-    return varlen_attend
+        return RecordKernels()
+    fp8 = torch.cuda.get_device_capability(device) >= (8, 9)
+    return RecordKernels("varlen", varlen_attend, varlen_dc, scaled_product) if fp8 else \
+        RecordKernels("varlen", varlen_attend, varlen_dc)

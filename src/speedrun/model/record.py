@@ -20,10 +20,16 @@ generators, layer map, attention sublayer, paired heads, MLP, layer 10, output, 
   (bf16 as the record; float32 in tests), parameters in their table dtype and cast at use. The
   casts the spec makes part of the function are made in every dtype: resid/post lambdas and the
   gate scale γ are rounded to bf16 before use, so an fp32 run computes the same function.
-- Three methods are the seams a fast path replaces: `mlp` (one layer's ReLU² MLP), `logits` (the
-  head product) and `attend` (varlen windowed attention). FP8 is the record's training math at the
-  first two: with `fp8` set (`record_fp8.Fp8Training`, which the trainer makes), a training forward
-  runs them through the FP8 references; an eval forward (`model.eval()`) stays bf16.
+- The seams a fast path replaces are named model functions: `attend` (varlen windowed attention),
+  `dc_term` (layer 10's DC correction) and the FP8 product behind `mlp` and `logits`. What serves
+  them on a device is one `RecordKernels` value (`kernels`), which `kernels/record_attention.pick`
+  chooses in one place; its empty default is the plain-PyTorch reference, which the CPU, float32
+  and `train.kernels=reference` keep. The model imports no kernel. FP8 is the record's training
+  math at `mlp` and `logits`: with `fp8` set (`record_fp8.Fp8Training`, which the trainer makes), a
+  training forward runs them as FP8 products; an eval forward (`model.eval()`) stays bf16.
+- `longest` (the stage's cut length, a Python int) rides along to the attention kernels, which size
+  their grids by the longest document: given, no host read of the batch is needed and a compiled
+  step keeps one graph per stage.
 - One forward keeps its per-layer residuals in a small context (`_Pass.after`): the skip, cache7,
   MUDD and output read earlier residuals by layer index, and tests read them too (`residuals`).
 """
@@ -31,7 +37,7 @@ generators, layer map, attention sublayer, paired heads, MLP, layer 10, output, 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -40,12 +46,28 @@ from torch import Tensor, nn
 
 from speedrun.errors import ConfigError
 from speedrun.model import record_parts
-from speedrun.model.record_fp8 import Fp8Training, fp8_head, fp8_mlp
+from speedrun.model.record_fp8 import Fp8Training, Product, fp8_head, fp8_mlp, reference_product
 from speedrun.model.record_loss import record_eval_loss, record_training_loss
 
 # (kind, layer) -> (generator 0 = pre-gate or 1 = post-gate, lanes)
 Lanes = dict[tuple[str, int], tuple[int, slice]]
 EVAL_ROWS = 8192  # rows of hidden states whose logits `eval_loss` holds at once
+HALF = (torch.bfloat16, torch.float16)  # what the GPU kernels take; float32 stays on the references
+
+
+@dataclass(frozen=True)
+class RecordKernels:
+    """What serves the model's seams on a device (None: the plain-PyTorch reference).
+
+    attend(q, k, v, cu_seqlens, window, scale, longest) -> y, as `record_parts.reference_attention`;
+    dc(q, k, v, cu_seqlens, w1, w2, scale, keys, eps, longest) -> the float32 term, as
+    `record_parts.dc_correction`; fp8_product(a_f8, b_f8_t, scale, out_dtype), as
+    `record_fp8.reference_product`. The first two serve half-precision inputs only."""
+
+    name: str = "reference"
+    attend: Callable | None = None
+    dc: Callable | None = None
+    fp8_product: Product = reference_product
 
 
 @dataclass(frozen=True)
@@ -210,6 +232,7 @@ class _Pass:
     cos: Tensor  # (≥ 2n, pairs) bf16: the paired layers read positions up to 2n − 1
     sin: Tensor
     dtype: torch.dtype
+    longest: int | None = None  # no document is longer (the kernels' grid bound); None: read it
     x0: Tensor | None = None  # the normed smeared embedding, without the bigram
     bigram: Tensor | None = None
     gates: list[Tensor] = field(default_factory=list)  # pre-gate, then post-gate outputs (n, lanes)
@@ -236,6 +259,7 @@ class RecordGPT(nn.Module):
         self.cfg, self.world_size, self.lanes = cfg, world_size, gate_lanes(cfg)
         self.tied = True  # until the split step embed = lm_headᵀ, kept so by the optimiser
         self.fp8: Fp8Training | None = None  # the FP8 products of training forwards (None: bf16)
+        self.kernels = RecordKernels()  # the references until the trainer picks a device's
         self._make_parameters(device)
         if self.embed.device.type != "meta":
             self.reset_parameters(generator)
@@ -390,12 +414,13 @@ class RecordGPT(nn.Module):
 
     def forward(self, inputs: Tensor, cu_seqlens: Tensor, windows: tuple[int, int], attn_scale: float,
                 freqs: Tensor | None = None, *, rope: tuple[Tensor, Tensor] | None = None,
-                dtype: torch.dtype = torch.bfloat16) -> Tensor:
+                dtype: torch.dtype = torch.bfloat16, longest: int | None = None) -> Tensor:
         """Final normed hidden states (n, width) in `dtype` of one packed local batch: inputs int
         (n,), cu_seqlens int (documents, padded by repeating n), windows (short, long) in tokens,
         attn_scale the softmax scale (YaRN). RoPE from float32 `freqs` (the record's initial ones if
-        None) or from ready (cos, sin) tables of at least 2n positions."""
-        return self._output(self._run(inputs, cu_seqlens, windows, attn_scale, freqs, rope, dtype))
+        None) or from ready (cos, sin) tables of at least 2n positions. `longest` bounds the
+        documents' length for the kernels (module docstring)."""
+        return self._output(self._run(inputs, cu_seqlens, windows, attn_scale, freqs, rope, dtype, longest))
 
     def residuals(self, inputs: Tensor, cu_seqlens: Tensor, windows: tuple[int, int], attn_scale: float,
                   freqs: Tensor | None = None, *, rope: tuple[Tensor, Tensor] | None = None,
@@ -404,12 +429,14 @@ class RecordGPT(nn.Module):
         return dict(self._run(inputs, cu_seqlens, windows, attn_scale, freqs, rope, dtype).after)
 
     def _run(self, inputs: Tensor, cu_seqlens: Tensor, windows: tuple[int, int], attn_scale: float,
-             freqs: Tensor | None, rope: tuple[Tensor, Tensor] | None, dtype: torch.dtype) -> _Pass:
+             freqs: Tensor | None, rope: tuple[Tensor, Tensor] | None, dtype: torch.dtype,
+             longest: int | None = None) -> _Pass:
         tokens = inputs.reshape(-1).long()
         if rope is None:
             f = freqs if freqs is not None else record_parts.rope_freqs(self.cfg.rope_pairs, self.cfg.rope_base)
             rope = record_parts.rope_tables(f.to(tokens.device), 2 * tokens.numel())
-        ctx = _Pass(tokens, cu_seqlens.reshape(-1), tuple(windows), float(attn_scale), rope[0], rope[1], dtype)
+        ctx = _Pass(tokens, cu_seqlens.reshape(-1), tuple(windows), float(attn_scale), rope[0], rope[1], dtype,
+                    longest)
         x = self._input_stage(ctx)
         for i in range(self.cfg.num_layers):
             x = self._layer(i, x, ctx)
@@ -480,7 +507,7 @@ class RecordGPT(nn.Module):
         """relu(a·W1ᵀ)²·W2 of one layer, in a's dtype: the seam of the FP8 MLP."""
         w1, w2 = self.mlp_bank[layer, 0].to(a.dtype), self.mlp_bank[layer, 1].to(a.dtype)
         if self.training and self.fp8 is not None and self.fp8.mlp is not None:
-            return fp8_mlp(a, w1, w2, self.fp8.mlp[layer], True)
+            return fp8_mlp(a, w1, w2, self.fp8.mlp[layer], True, self.kernels.fp8_product)
         return F.relu(a @ w1.T).square() @ w2
 
     def _value_rows(self, k: int, ctx: _Pass) -> Tensor:
@@ -541,21 +568,31 @@ class RecordGPT(nn.Module):
         doubled document bounds and the window not doubled (it counts rows)."""
         window = ctx.windows[1] if i in self.cfg.long_layers else ctx.windows[0]
         if i not in self.cfg.paired_layers:
-            return self.attend(q, k, v, ctx.cu_seqlens, window, ctx.attn_scale)
+            return self.attend(q, k, v, ctx.cu_seqlens, window, ctx.attn_scale, ctx.longest)
         pq, pk, pv = (record_parts.pair_heads(z.contiguous()) for z in (q, k, v))
-        y = self.attend(pq, pk, pv, record_parts.pair_cu_seqlens(ctx.cu_seqlens), window, ctx.attn_scale)
+        longest = None if ctx.longest is None else 2 * ctx.longest
+        y = self.attend(pq, pk, pv, record_parts.pair_cu_seqlens(ctx.cu_seqlens), window, ctx.attn_scale, longest)
         return record_parts.unpair_heads(y)
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, window: int, scale: float) -> Tensor:
-        """FA3 varlen semantics on (rows, heads, D): the seam of the GPU attention paths."""
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, window: int, scale: float,
+               longest: int | None = None) -> Tensor:
+        """FA3 varlen semantics on (rows, heads, D): `kernels.attend` on half precision, else the reference."""
+        if self.kernels.attend is not None and q.dtype in HALF:
+            return self.kernels.attend(q, k, v, cu_seqlens, window, scale, longest)
         return record_parts.reference_attention(q, k, v, cu_seqlens, window, scale)
+
+    def dc_term(self, q: Tensor, k: Tensor, v: Tensor, ctx: _Pass, w1: Tensor, w2: Tensor) -> Tensor:
+        """Layer 10's float32 DC term: `kernels.dc` on half precision, else `record_parts.dc_correction`."""
+        c = self.cfg
+        if self.kernels.dc is not None and q.dtype in HALF:
+            return self.kernels.dc(q, k, v, ctx.cu_seqlens, w1, w2, ctx.attn_scale, c.dc_keys, c.dc_eps, ctx.longest)
+        return record_parts.dc_correction(q, k, v, ctx.cu_seqlens, w1, w2, ctx.attn_scale, c.dc_keys, c.dc_eps)
 
     def _after_attention(self, i: int, y: Tensor, q: Tensor, k: Tensor, v: Tensor, ctx: _Pass) -> Tensor:
         """DC (added in float32, rounded once), XSA against the token's own v, the raw output gate."""
         c = self.cfg
         if i == c.dc_layer and c.dc:
-            term = record_parts.dc_correction(q, k, v, ctx.cu_seqlens, self._coef(ctx, "dc_w1", i),
-                                              self._coef(ctx, "dc_w2", i), ctx.attn_scale, c.dc_keys, c.dc_eps)
+            term = self.dc_term(q, k, v, ctx, self._coef(ctx, "dc_w1", i), self._coef(ctx, "dc_w2", i))
             y = (y.float() + term).to(y.dtype)
         if ("xsa", i) in self.lanes:
             y = record_parts.xsa(y, v, self._coef(ctx, "xsa", i), c.xsa_eps)
@@ -602,24 +639,24 @@ class RecordGPT(nn.Module):
     def logits(self, h: Tensor) -> Tensor:
         """z = h·lm_head (n, V) in h's dtype, before the softcap: the seam of the FP8 head."""
         if self.training and self.fp8 is not None and self.fp8.head_grad_scale is not None:
-            return fp8_head(h, self.lm_head, self.fp8.head_grad_scale, self.fp8.cfg)
+            return fp8_head(h, self.lm_head, self.fp8.head_grad_scale, self.fp8.cfg, self.kernels.fp8_product)
         return h @ self.lm_head.to(h.dtype)
 
     def training_loss(self, inputs: Tensor, targets: Tensor, cu_seqlens: Tensor, windows: tuple[int, int],
                       attn_scale: float, mtp_weights: Sequence[float], prefix_weight: float, prefix: Tensor,
                       freqs: Tensor | None = None, *, rope: tuple[Tensor, Tensor] | None = None,
-                      dtype: torch.dtype = torch.bfloat16) -> Tensor:
+                      dtype: torch.dtype = torch.bfloat16, longest: int | None = None) -> Tensor:
         """The summed MTP + prefix loss of the batch (`record_loss.record_training_loss`); targets
         (n,) are x[t+1]."""
-        h = self(inputs, cu_seqlens, windows, attn_scale, freqs, rope=rope, dtype=dtype)
+        h = self(inputs, cu_seqlens, windows, attn_scale, freqs, rope=rope, dtype=dtype, longest=longest)
         return record_training_loss(self.logits(h), targets.long(), mtp_weights, prefix_weight, prefix)
 
     def eval_loss(self, inputs: Tensor, targets: Tensor, cu_seqlens: Tensor, windows: tuple[int, int],
                   attn_scale: float, freqs: Tensor | None = None, *, rope: tuple[Tensor, Tensor] | None = None,
-                  dtype: torch.dtype = torch.bfloat16, rows: int = EVAL_ROWS) -> Tensor:
+                  dtype: torch.dtype = torch.bfloat16, rows: int = EVAL_ROWS, longest: int | None = None) -> Tensor:
         """Mean next-token CE (`record_loss.record_eval_loss`), the head applied `rows` tokens at a
         time so that a 262,144-token chunk never holds all its logits."""
-        h = self(inputs, cu_seqlens, windows, attn_scale, freqs, rope=rope, dtype=dtype)
+        h = self(inputs, cu_seqlens, windows, attn_scale, freqs, rope=rope, dtype=dtype, longest=longest)
         t = targets.long()
         total = sum(record_eval_loss(self.logits(h[i : i + rows]), t[i : i + rows]) * h[i : i + rows].shape[0]
                     for i in range(0, h.shape[0], rows))

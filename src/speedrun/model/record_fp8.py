@@ -44,7 +44,7 @@ Why it is built this way:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -90,11 +90,14 @@ def amax_scale(t: Tensor, headroom: float, cfg: Fp8Config = RECORD_FP8) -> Tenso
     return (amax * headroom / cfg.e4m3_max).clamp_min(cfg.scale_floor)
 
 
-def _product(a_f8: Tensor, b_f8_t: Tensor, scale: Tensor, out_dtype: torch.dtype) -> Tensor:
+def reference_product(a_f8: Tensor, b_f8_t: Tensor, scale: Tensor, out_dtype: torch.dtype) -> Tensor:
     """(a_f8 · b_f8_tᵀ) · scale in float32, rounded once to out_dtype: `_scaled_mm`'s result up to
-    the accumulation order."""
+    the accumulation order. The seam of the GPU's scaled product (kernels/record_fp8.py)."""
     acc = a_f8.to(F32) @ b_f8_t.to(F32).T
     return (acc * scale).to(out_dtype)
+
+
+Product = Callable[[Tensor, Tensor, Tensor, torch.dtype], Tensor]
 
 
 def _mm_bf16(x: Tensor, y: Tensor) -> Tensor:
@@ -121,10 +124,11 @@ def head_quantize_weight(w: Tensor, cfg: Fp8Config = RECORD_FP8) -> Tensor:
     return (w.to(F32) / cfg.head_w_scale).to(E4M3)
 
 
-def head_forward(x_f8: Tensor, w_f8: Tensor, cfg: Fp8Config = RECORD_FP8) -> Tensor:
+def head_forward(x_f8: Tensor, w_f8: Tensor, cfg: Fp8Config = RECORD_FP8,
+                 product: Product = reference_product) -> Tensor:
     """bf16 logits (n, V) = (x_f8·x_s)·(w_f8·w_s), w_f8 (768, V)."""
     scale = _scalar(cfg.head_x_scale, x_f8) * _scalar(cfg.head_w_scale, x_f8)
-    return _product(x_f8, w_f8.T, scale, BF16)
+    return product(x_f8, w_f8.T, scale, BF16)
 
 
 def head_grad_scale(grad_scale: float, cfg: Fp8Config = RECORD_FP8) -> float:
@@ -137,16 +141,18 @@ def head_quantize_grad(g: Tensor, grad_s: float, cfg: Fp8Config = RECORD_FP8) ->
     return saturating_e5m2(g.to(F32) / grad_s, cfg)
 
 
-def head_grad_x(g_f8: Tensor, w_f8: Tensor, grad_s: float, cfg: Fp8Config = RECORD_FP8) -> Tensor:
+def head_grad_x(g_f8: Tensor, w_f8: Tensor, grad_s: float, cfg: Fp8Config = RECORD_FP8,
+                product: Product = reference_product) -> Tensor:
     """grad_x (n, 768) = (g_f8·grad_s)·(w_f8·w_s)ᵀ in bf16."""
     scale = _scalar(grad_s, g_f8) * _scalar(cfg.head_w_scale, g_f8)
-    return _product(g_f8, w_f8, scale, BF16)
+    return product(g_f8, w_f8, scale, BF16)
 
 
-def head_grad_w(x_f8: Tensor, g_f8: Tensor, grad_s: float, cfg: Fp8Config = RECORD_FP8) -> Tensor:
+def head_grad_w(x_f8: Tensor, g_f8: Tensor, grad_s: float, cfg: Fp8Config = RECORD_FP8,
+                product: Product = reference_product) -> Tensor:
     """grad_W (768, V) = (x_f8·x_s)ᵀ·(g_f8·grad_s) in float32 (the weight's (in, out) layout)."""
     scale = _scalar(cfg.head_x_scale, x_f8) * _scalar(grad_s, x_f8)
-    return _product(x_f8.T, g_f8.T, scale, F32)
+    return product(x_f8.T, g_f8.T, scale, F32)
 
 
 class _Fp8Head(torch.autograd.Function):
@@ -154,24 +160,25 @@ class _Fp8Head(torch.autograd.Function):
     record's fused cross-entropy makes g itself; here g is the incoming logit gradient."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, w: Tensor, grad_scale: float, cfg: Fp8Config) -> Tensor:
+    def forward(ctx, x: Tensor, w: Tensor, grad_scale: float, cfg: Fp8Config, product: Product) -> Tensor:
         x_f8, w_f8 = head_quantize_input(x, cfg), head_quantize_weight(w, cfg)
         ctx.save_for_backward(x_f8, w_f8)
-        ctx.grad_s, ctx.cfg = head_grad_scale(grad_scale, cfg), cfg
-        return head_forward(x_f8, w_f8, cfg)
+        ctx.grad_s, ctx.cfg, ctx.product = head_grad_scale(grad_scale, cfg), cfg, product
+        return head_forward(x_f8, w_f8, cfg, product)
 
     @staticmethod
     def backward(ctx, g: Tensor):
         x_f8, w_f8 = ctx.saved_tensors
         g_f8 = head_quantize_grad(g, ctx.grad_s, ctx.cfg)
-        grad_x = head_grad_x(g_f8, w_f8, ctx.grad_s, ctx.cfg)
-        return grad_x, head_grad_w(x_f8, g_f8, ctx.grad_s, ctx.cfg), None, None
+        grad_x = head_grad_x(g_f8, w_f8, ctx.grad_s, ctx.cfg, ctx.product)
+        return grad_x, head_grad_w(x_f8, g_f8, ctx.grad_s, ctx.cfg, ctx.product), None, None, None
 
 
-def fp8_head(x: Tensor, w: Tensor, grad_scale: float, cfg: Fp8Config = RECORD_FP8) -> Tensor:
+def fp8_head(x: Tensor, w: Tensor, grad_scale: float, cfg: Fp8Config = RECORD_FP8,
+             product: Product = reference_product) -> Tensor:
     """Logits x (n, 768) · W (768, V) in FP8 (training); grad_x bf16, grad_W float32 (autograd then
-    stores it in W's dtype, as the record does)."""
-    return _Fp8Head.apply(x, w, grad_scale, cfg)
+    stores it in W's dtype, as the record does). `product` makes each scaled product."""
+    return _Fp8Head.apply(x, w, grad_scale, cfg, product)
 
 
 # ---------------------------------------------------------------- MLP quantisation
@@ -205,18 +212,19 @@ def quantize_post(post: Tensor, s_act: Tensor, cfg: Fp8Config = RECORD_FP8) -> T
 # ---------------------------------------------------------------- MLP products
 
 
-def mlp_up_fp8(a: Tensor, w1_f8: Tensor, s_w1: Tensor, cfg: Fp8Config = RECORD_FP8) -> tuple[Tensor, Tensor]:
+def mlp_up_fp8(a: Tensor, w1_f8: Tensor, s_w1: Tensor, cfg: Fp8Config = RECORD_FP8,
+               product: Product = reference_product) -> tuple[Tensor, Tensor]:
     """pre = (a_f8·W1_f8ᵀ)·s_W1·max|a|/448 in bf16 and post = relu(pre)² in bf16, a (n, 768)."""
     a_f8, s_a = quantize_activation(a, cfg)
-    pre = _product(a_f8, w1_f8, s_w1 * s_a, BF16)
+    pre = product(a_f8, w1_f8, s_w1 * s_a, BF16)
     post = pre.to(F32).relu().square().to(BF16)
     return pre, post
 
 
 def mlp_down_fp8(post: Tensor, w2_f8_t: Tensor, s_w2: Tensor, s_act: Tensor,
-                 cfg: Fp8Config = RECORD_FP8) -> Tensor:
+                 cfg: Fp8Config = RECORD_FP8, product: Product = reference_product) -> Tensor:
     """out (n, 768) = (post_f8·s_act)·(W2_f8·s_W2) in bf16, W2_f8 held transposed (768, 3072)."""
-    return _product(quantize_post(post, s_act, cfg), w2_f8_t, s_act * s_w2, BF16)
+    return product(quantize_post(post, s_act, cfg), w2_f8_t, s_act * s_w2, BF16)
 
 
 def mlp_backward_bf16(g: Tensor, a: Tensor, w1: Tensor, w2: Tensor, post: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -284,11 +292,6 @@ class Fp8MlpState:
         self.w2_f8_t = quantize_w2_t(w2, self.s_w2, self.cfg)
         self.s_w2_next = amax_scale(w2, self.cfg.w2_headroom, self.cfg)
 
-    @torch.no_grad()
-    def observe(self, post: Tensor) -> None:
-        """After a training forward (micro-steps included): s_act = 1.80·max(post)/448."""
-        self.s_act = amax_scale(post, self.cfg.act_headroom, self.cfg)
-
     def state_dict(self) -> dict[str, Tensor | None]:
         """The scales and quantised weights (clones): all a resumed run needs for the next forward."""
         return {k: None if getattr(self, k) is None else getattr(self, k).clone() for k in self._KEYS}
@@ -306,25 +309,30 @@ class Fp8MlpState:
 
 
 class _Fp8Mlp(torch.autograd.Function):
-    """FP8 forward (up: current amax scales, down: delayed scales), bf16 backward."""
+    """FP8 forward (up: current amax scales, down: delayed scales), bf16 backward. Returns the output
+    and the next s_act; the caller stores the latter, so that the function has no side effect and a
+    compiled step traces it whole."""
 
     @staticmethod
-    def forward(ctx, a: Tensor, w1: Tensor, w2: Tensor, state: Fp8MlpState) -> Tensor:
+    def forward(ctx, a: Tensor, w1: Tensor, w2: Tensor, w1_f8: Tensor, s_w1: Tensor, w2_f8_t: Tensor, s_w2: Tensor,
+                s_act: Tensor, cfg: Fp8Config, product: Product) -> tuple[Tensor, Tensor]:
         flat = a.reshape(-1, a.shape[-1])
-        _, post = mlp_up_fp8(flat, state.w1_f8, state.s_w1, state.cfg)
-        out = mlp_down_fp8(post, state.w2_f8_t, state.s_w2, state.s_act, state.cfg)
-        state.observe(post)
+        _, post = mlp_up_fp8(flat, w1_f8, s_w1, cfg, product)
+        out = mlp_down_fp8(post, w2_f8_t, s_w2, s_act, cfg, product)
         ctx.save_for_backward(flat, w1, w2, post)
-        return out.view(*a.shape[:-1], w2.shape[1])
+        next_s_act = amax_scale(post, cfg.act_headroom, cfg)
+        ctx.mark_non_differentiable(next_s_act)
+        return out.view(*a.shape[:-1], w2.shape[1]), next_s_act
 
     @staticmethod
-    def backward(ctx, g: Tensor):
+    def backward(ctx, g: Tensor, _: Tensor):
         flat, w1, w2, post = ctx.saved_tensors
         da, dw1, dw2 = mlp_backward_bf16(g.reshape(-1, g.shape[-1]), flat, w1, w2, post)
-        return da.view(*g.shape[:-1], w1.shape[1]), dw1, dw2, None
+        return (da.view(*g.shape[:-1], w1.shape[1]), dw1, dw2) + (None,) * 7
 
 
-def fp8_mlp(a: Tensor, w1: Tensor, w2: Tensor, state: Fp8MlpState, training: bool) -> Tensor:
+def fp8_mlp(a: Tensor, w1: Tensor, w2: Tensor, state: Fp8MlpState, training: bool,
+            product: Product = reference_product) -> Tensor:
     """The record's MLP relu(a·W1ᵀ)²·W2 for the normed a (..., 768), W1 and W2 (3072, 768), all bf16.
 
     Training: the FP8 forward with `state`'s quantised weights (which `state.refresh` made from
@@ -337,7 +345,9 @@ def fp8_mlp(a: Tensor, w1: Tensor, w2: Tensor, state: Fp8MlpState, training: boo
         return mlp_reference(a, w1, w2)
     if not state.ready:
         raise RuntimeError("fp8_mlp: refresh the FP8 state (bootstrap=True) before the first training forward")
-    return _Fp8Mlp.apply(a, w1, w2, state)
+    out, state.s_act = _Fp8Mlp.apply(a, w1, w2, state.w1_f8, state.s_w1, state.w2_f8_t, state.s_w2, state.s_act,
+                                     state.cfg, product)
+    return out
 
 
 # ---------------------------------------------------------------- what a training forward quantises

@@ -18,9 +18,12 @@ supplies exactly that. Why it is built this way:
   the split step, and FP8's MLP weights are re-quantised after every update.
 - What the spec keeps besides parameters and optimiser state is saved with a checkpoint
   (`extra_state`): the FP8 delayed scales. The tie is part of Adam's state dict.
-- The step runs eagerly (`train.compile=on` is refused for this record): the GPU path, its kernels
-  and its compile plan are work of their own. The loss weights reach the loss as tensors already,
-  so that a compiled step can keep one graph per stage.
+- What serves the model's seams on this device is chosen once (`record_attention.pick`). On a GPU
+  (`train.compile=auto`) the micro-step's loss and the validation loss are compiled whole, with
+  static shapes: everything that varies inside a stage reaches them as a tensor (the loss weights)
+  and everything a stage fixes as a Python constant (windows, YaRN scale, the cut length that the
+  attention kernel sizes its grid by), so each stage is one training graph and one validation
+  graph, all met by the warm-up before the clock starts.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from speedrun.optim.record_adam import build_record_adam
 from speedrun.train import stages
 from speedrun.train.dist import DistInfo, all_reduce_mean
 from speedrun.train.loop import Trainer, grad_norm
-from speedrun.train.setup import data_folder
+from speedrun.train.setup import data_folder, use_compile
 
 BANKS = ("qk_bank", "vo_bank", "mlp_bank")  # NorMuon's; every other parameter is Adam's
 
@@ -86,7 +89,7 @@ class RecordTrainer(Trainer):
     cfg: RecordRunConfig
 
     def __init__(self, cfg: RecordRunConfig, info: DistInfo, *args, session=None, **kwargs):
-        session = session or PlainSession(False, info)  # the step runs eagerly (module docstring)
+        session = session or PlainSession(use_compile(cfg.train.compile, info.device), info)
         super().__init__(cfg, info, *args, session=session, **kwargs)
 
     # -------------------------------------------------------------- set-up
@@ -104,7 +107,9 @@ class RecordTrainer(Trainer):
         self.model = build_record_model(cfg, info.world_size, self.device)
         self.fp8 = self._fp8()
         self.model.fp8 = self.fp8
-        self.model.attend_kernel = record_attention.pick(cfg.train.kernels, self.device)
+        self.model.kernels = record_attention.pick(cfg.train.kernels, self.device)
+        compiled = (lambda f: torch.compile(f, dynamic=False)) if self.compiled else (lambda f: f)
+        self._train_loss, self._eval_loss = compiled(self.model.training_loss), compiled(self.model.eval_loss)
         self.prefix = prefix_table(get_encoding(), cfg.model.vocab).to(self.device)
         self.startup.mark("model")
         self.optimizers = self._optimizers()
@@ -147,7 +152,7 @@ class RecordTrainer(Trainer):
         return {
             "parameters": count_parameters(self.model), "world_size": self.info.world_size,
             "micro_steps": self.micro_steps, "dtype": str(self.dtype).replace("torch.", ""),
-            "attention_backend": "varlen" if self.model.attend_kernel else "reference",
+            "attention_backend": self.model.kernels.name,
             "fp8_head": bool(f and f.head_grad_scale is not None),
             "fp8_mlp": bool(f and f.mlp), "compile": self.compiled, "device": str(self.device),
         }
@@ -205,9 +210,9 @@ class RecordTrainer(Trainer):
         """One micro-batch's summed training loss (MTP and prefix terms) at the plan's schedule."""
         mtp, pi = self._loss_weights(plan)
         rope = self._rope_tables(plan.stage, batch.inputs.numel())
-        return self.model.training_loss(batch.inputs, batch.targets, batch.cu_seqlens,
-                                        (plan.short_window, plan.long_window), self._yarn[plan.stage][1], mtp,
-                                        pi, self.prefix, rope=rope, dtype=self.dtype)
+        return self._train_loss(batch.inputs, batch.targets, batch.cu_seqlens, (plan.short_window, plan.long_window),
+                                self._yarn[plan.stage][1], mtp, pi, self.prefix, rope=rope, dtype=self.dtype,
+                                longest=plan.max_doc_len)
 
     def train_step(self, step: int) -> torch.Tensor:
         """One optimiser step over this rank's micro-batches; its mean loss per token (device)."""
@@ -248,8 +253,8 @@ class RecordTrainer(Trainer):
         for batch in documents.val_batches(self.val_files, self.info.rank, self.info.world_size, self.cfg.docs,
                                            self.device):
             rope = self._rope_tables(stage, batch.inputs.numel())
-            total += self.model.eval_loss(batch.inputs, batch.targets, batch.cu_seqlens, windows,
-                                          self._yarn[stage][1], rope=rope, dtype=self.dtype).float()
+            total += self._eval_loss(batch.inputs, batch.targets, batch.cu_seqlens, windows, self._yarn[stage][1],
+                                     rope=rope, dtype=self.dtype, longest=batch.inputs.numel()).float()
             n += 1
         self.model.train()
         return all_reduce_mean(total / max(n, 1)).item()

@@ -1,0 +1,166 @@
+"""`speedrun bench --preset record`: the 2026 record's ms per step in each stage, and the schedule's time.
+
+The 2026 record's step changes shape three times (131k, 262k, 393k tokens a step, and the
+extension's windows), and Adam updates on odd steps only, so one number cannot describe it. This
+bench builds the same `RecordTrainer` a run builds and, for each stage, runs two untimed steps at
+the stage's start (the stage's graph compiles) and then times `--pairs` consecutive (even, odd)
+pairs of steps, the device synchronised around each pair. A stage's ms per step is the mean over
+its pairs of half a pair's time; the schedule's time is the sum over stages of steps × that. The
+peak memory of each stage is the allocator's over its timed steps.
+
+The tokens are random (no corpus needed); their document lengths are the corpus's when `--data DIR`
+names one (its first training shard's BOS gaps, resampled), otherwise geometric around 1,000 tokens.
+Document lengths set the attention's work and the loader's packing, so the corpus's own make the
+figure the one a run on it sees.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from speedrun.config import RecordRunConfig, apply_overrides, validate
+from speedrun.data import documents
+from speedrun.data.shards import write_shard
+from speedrun.errors import ConfigError
+from speedrun.recipes.registry import get_preset
+from speedrun.train import stages
+
+EOT = 50256
+LENGTH_SAMPLE = 4_000_000  # tokens of the corpus read for its document lengths
+MEAN_DOC = 1000  # the geometric lengths' mean without a corpus
+
+
+def corpus_doc_lengths(folder: str, pattern: str) -> np.ndarray:
+    """Document lengths (BOS to BOS) of the first LENGTH_SAMPLE tokens of a corpus's training shards."""
+    files = documents.discover_files(folder, pattern, "train")
+    tokens = documents.read_prefix(files, LENGTH_SAMPLE)
+    starts = np.flatnonzero(tokens == EOT)
+    if starts.size < 2:
+        raise ConfigError(f"--data {folder}: fewer than two document starts in its first {LENGTH_SAMPLE:,} tokens")
+    return np.diff(starts)
+
+
+def random_documents(n: int, lengths: np.ndarray | None, seed: int) -> np.ndarray:
+    """n uint16 random tokens, BOS at document starts whose gaps are drawn from `lengths` (or geometric)."""
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, EOT, size=n, dtype=np.uint16)
+    draws = n // 16 + 16  # documents are at least 1 token; 16 on average is far below any corpus's mean
+    gaps = rng.choice(lengths, size=draws) if lengths is not None else rng.geometric(1.0 / MEAN_DOC, size=draws)
+    starts = np.concatenate([[0], np.cumsum(gaps)])
+    tokens[starts[starts < n]] = EOT
+    return tokens
+
+
+def write_data(folder: Path, cfg: RecordRunConfig, pairs: int, lengths: np.ndarray | None) -> None:
+    """One training shard for every stage's measured steps (the loader wraps past it: random tokens
+    need not be fresh to time a step) and nothing to validate on."""
+    per_step = max(cfg.stages.tokens_per_step)
+    write_shard(folder / "bench_train_000000.bin", random_documents(per_step * (2 * pairs + 4), lengths, cfg.train.seed))
+
+
+def stage_steps(cfg: RecordRunConfig, pairs: int) -> list[tuple[int, list[int]]]:
+    """Per stage: (stage, its steps to run) from its first even step: two untimed, then up to
+    2·pairs timed (a short stage, such as a scaled-down extension, times fewer; one too short for
+    a timed pair gets none)."""
+    bounds = stages.stage_ends(cfg.stages)
+    out = []
+    for k, (start, end) in enumerate(zip(bounds, bounds[1:])):
+        first = start + start % 2
+        fit = min(pairs, (end - first - 2) // 2)
+        out.append((k, list(range(first, first + 2 + 2 * fit)) if fit > 0 else []))
+    return out
+
+
+def _config(preset: str, overrides: list[str], folder: Path) -> RecordRunConfig:
+    """The preset as a run resolves it, on the bench's data, with nothing but training steps."""
+    return apply_overrides(get_preset(preset), overrides + [
+        f"data.data_dir={folder}", "data.train_pattern=bench_train_*.bin", "docs.val_tokens=0",
+        "train.checkpoint_every_steps=0", "train.checkpoint_every_minutes=0", "train.health_every=0",
+        "train.warmup=off"])
+
+
+def run(args, t_start: float) -> dict:
+    """The measurement (module docstring); returns every number."""
+    from speedrun.train.dist import init_distributed
+    from speedrun.train.record_loop import RecordTrainer
+
+    info = init_distributed()
+    tmp = Path(tempfile.mkdtemp(prefix=f"speedrun-bench-r{info.rank}-"))
+    base = apply_overrides(get_preset(args.preset), list(args.overrides))
+    lengths = corpus_doc_lengths(args.data, base.data.train_pattern) if args.data != "random" else None
+    (tmp / "data").mkdir()
+    cfg = _config(args.preset, list(args.overrides), tmp / "data")
+    validate(cfg, info.world_size)
+    write_data(tmp / "data", cfg, args.pairs, lengths)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="training data wrapped around")
+        trainer = RecordTrainer(cfg, info, tmp / "run", progress=False, t_start=t_start)
+        result = {"preset": args.preset, "device": torch.cuda.get_device_name() if info.device.type == "cuda" else "cpu",
+                  "world_size": info.world_size, "describe": trainer.describe(), "stages": []}
+        for k, steps in stage_steps(cfg, args.pairs):
+            if steps:
+                result["stages"].append(_time_stage(trainer, cfg, k, steps, t_start))
+                if info.is_main:  # a stage's line as soon as it is measured: compiling takes minutes
+                    print(_stage_line(result["stages"][-1]), flush=True)
+    bounds, rate, total = stages.stage_ends(cfg.stages), {s["stage"]: s["ms_per_step"] for s in result["stages"]}, 0.0
+    for k, (start, end) in enumerate(zip(bounds, bounds[1:])):
+        # an untimed stage (too short for a pair) runs at the rate of the last timed one before it
+        total += (end - start) * (rate[k] if k in rate else rate[max(j for j in rate if j < k)]) / 1000
+    result["schedule_s"] = total
+    result["schedule_steps"] = cfg.stages.total_steps
+    return result
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _time_stage(trainer, cfg: RecordRunConfig, k: int, steps: list[int], t_start: float) -> dict:
+    """Two untimed steps (compile), then the timed pairs; ms per step, spread, peak memory."""
+    dev = trainer.device
+    t0 = time.time()
+    for s in steps[:2]:
+        trainer.train_step(s)
+    _sync(dev)
+    warm_s = time.time() - t0
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    pair_ms = []
+    for i in range(2, len(steps), 2):
+        _sync(dev)
+        t = time.perf_counter()
+        trainer.train_step(steps[i])
+        loss = trainer.train_step(steps[i + 1])
+        _sync(dev)
+        pair_ms.append((time.perf_counter() - t) * 1000)
+    plan = stages.step_plan(cfg.stages, steps[0], cfg.docs)
+    return {"stage": k, "steps": steps[2:], "tokens_per_step": plan.tokens_per_step,
+            "windows": [plan.short_window, plan.long_window], "warm_s": warm_s,
+            "since_start_s": time.time() - t_start, "pair_ms": pair_ms,
+            "ms_per_step": float(np.mean(pair_ms)) / 2, "pair_ms_min": min(pair_ms), "pair_ms_max": max(pair_ms),
+            "peak_memory_gib": torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else None,
+            "last_loss": float(loss)}
+
+
+def _stage_line(s: dict) -> str:
+    peak = f"{s['peak_memory_gib']:.1f}" if s["peak_memory_gib"] is not None else "-"
+    return (f"{s['stage']:>5} {s['tokens_per_step']:>8} {str(tuple(s['windows'])):>11} {s['ms_per_step']:>9.1f} "
+            f"{s['pair_ms_min']:>8.1f}/{s['pair_ms_max']:<8.1f} {peak:>9} {s['warm_s']:>9.1f}")
+
+
+def format_report(r: dict) -> str:
+    d = r["describe"]
+    lines = [f"bench {r['preset']}: {r['device']}, {r['world_size']} rank(s) x {d['micro_steps']} micro-step(s), "
+             f"attention {d['attention_backend']}, fp8 head/mlp {d['fp8_head']}/{d['fp8_mlp']}, compile {d['compile']}",
+             f"{'stage':>5} {'tokens':>8} {'windows':>11} {'ms/step':>9} {'pair min/max ms':>17} {'peak GiB':>9} "
+             f"{'compile s':>9}"]
+    lines += [_stage_line(s) for s in r["stages"]]
+    lines.append(f"the {r['schedule_steps']}-step schedule at these rates: {r['schedule_s']:.1f} s")
+    return "\n".join(lines)
