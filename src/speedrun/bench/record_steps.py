@@ -26,7 +26,7 @@ import torch
 
 from speedrun.config import RecordRunConfig, apply_overrides, validate
 from speedrun.data import documents
-from speedrun.data.shards import write_shard
+from speedrun.data.shards import read_shard, write_shard
 from speedrun.errors import ConfigError
 from speedrun.recipes.registry import get_preset
 from speedrun.train import stages
@@ -37,9 +37,9 @@ MEAN_DOC = 1000  # the geometric lengths' mean without a corpus
 
 
 def corpus_doc_lengths(folder: str, pattern: str) -> np.ndarray:
-    """Document lengths (BOS to BOS) of the first LENGTH_SAMPLE tokens of a corpus's training shards."""
+    """Document lengths (BOS to BOS) in the first LENGTH_SAMPLE tokens of a corpus's first training shard."""
     files = documents.discover_files(folder, pattern, "train")
-    tokens = documents.read_prefix(files, LENGTH_SAMPLE)
+    tokens = read_shard(files[0])[:LENGTH_SAMPLE]
     starts = np.flatnonzero(tokens == EOT)
     if starts.size < 2:
         raise ConfigError(f"--data {folder}: fewer than two document starts in its first {LENGTH_SAMPLE:,} tokens")

@@ -121,6 +121,7 @@ class RecordTrainer(Trainer):
         self.loader = _StepBatches(documents.DocumentLoader(train_files, info.rank, info.world_size, d),
                                    self.device)
         self._rope: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._val: tuple[list[documents.DocBatch], int] | None = None
         m = cfg.model
         self._yarn = {k: stages.yarn_state(st, k, device=self.device, pairs=m.rope_pairs, base=m.rope_base)
                       for k in range(stages.N_STAGES)}
@@ -249,15 +250,23 @@ class RecordTrainer(Trainer):
         stage = stages.stage_index(st, min(step, st.total_steps - 1))
         windows = stages.final_val_windows(st) if last else stages.windows(st, step)
         self.model.eval()
-        total, n = torch.zeros((), device=self.device), 0
-        for batch in documents.val_batches(self.val_files, self.info.rank, self.info.world_size, self.cfg.docs,
-                                           self.device):
+        batches, longest = self._val_batches()
+        total = torch.zeros((), device=self.device)
+        for batch in batches:
             rope = self._rope_tables(stage, batch.inputs.numel())
             total += self._eval_loss(batch.inputs, batch.targets, batch.cu_seqlens, windows, self._yarn[stage][1],
-                                     rope=rope, dtype=self.dtype, longest=batch.inputs.numel()).float()
-            n += 1
+                                     rope=rope, dtype=self.dtype, longest=longest).float()
         self.model.train()
-        return all_reduce_mean(total / max(n, 1)).item()
+        return all_reduce_mean(total / max(len(batches), 1)).item()
+
+    def _val_batches(self) -> tuple[list[documents.DocBatch], int]:
+        """This rank's val chunks on the device, read once a run, and their longest document: one
+        constant for every validation, so that the compiled validation keeps one graph per stage."""
+        if self._val is None:
+            batches = list(documents.val_batches(self.val_files, self.info.rank, self.info.world_size, self.cfg.docs))
+            longest = max(int((b.cu_seqlens[1:] - b.cu_seqlens[:-1]).max()) for b in batches)
+            self._val = [documents.to_device(b, self.device) for b in batches], longest
+        return self._val
 
     def warm_up(self) -> None:
         """The spec's untimed warm-up: at each step of the warm-up set one training step (the eval

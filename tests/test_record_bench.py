@@ -1,0 +1,64 @@
+"""`speedrun bench` on the 2026 record (bench/record_steps.py): which steps each stage times, the
+random documents' lengths, and a whole bench of the CPU demo preset with its report."""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import pytest
+
+from speedrun.bench import record_steps
+from speedrun.data.shards import write_shard
+from speedrun.recipes.registry import get_preset
+from speedrun.train import stages
+
+
+def test_each_stage_times_even_odd_pairs_inside_itself():
+    cfg = get_preset("record")
+    bounds = stages.stage_ends(cfg.stages)
+    plan = record_steps.stage_steps(cfg, 5)
+    assert [k for k, _ in plan] == [0, 1, 2, 3]
+    for (k, steps), start, end in zip(plan, bounds, bounds[1:]):
+        assert steps[0] % 2 == 0 and start <= steps[0] and steps[-1] < end
+        assert steps == list(range(steps[0], steps[0] + len(steps)))
+        assert len(steps) == 2 + 2 * 5 or k == 3  # the 15-step extension fits 5 pairs after its odd start
+    assert len(plan[3][1]) == 12  # 1270..1284: first even 1270, 2 untimed + 10 timed
+
+
+def test_a_stage_too_short_for_a_pair_is_left_untimed():
+    cfg = get_preset("proxy161")  # its extension is 2 steps (159, 160)
+    plan = dict(record_steps.stage_steps(cfg, 3))
+    assert plan[3] == [] and len(plan[0]) == 8
+
+
+def test_random_documents_take_the_given_lengths():
+    lengths = np.array([7, 300, 41])
+    tokens = record_steps.random_documents(200_000, lengths, seed=1)
+    starts = np.flatnonzero(tokens == record_steps.EOT)
+    assert starts[0] == 0 and set(np.diff(starts)) <= set(lengths.tolist())
+    assert tokens.max() <= record_steps.EOT
+
+
+def test_corpus_lengths_are_the_bos_gaps(tmp_path):
+    tokens = np.full(1000, 5, dtype=np.uint16)
+    tokens[[0, 10, 15, 400]] = record_steps.EOT
+    write_shard(tmp_path / "fineweb_train_000001.bin", tokens)
+    assert record_steps.corpus_doc_lengths(str(tmp_path), "fineweb_train_*.bin").tolist() == [10, 5, 385]
+    with pytest.raises(Exception, match="fewer than two document starts"):
+        write_shard(tmp_path / "fineweb_train_000001.bin", np.full(1000, 5, dtype=np.uint16))
+        record_steps.corpus_doc_lengths(str(tmp_path), "fineweb_train_*.bin")
+
+
+def test_a_whole_bench_of_the_demo(capsys):
+    args = argparse.Namespace(preset="demo", overrides=["stages.val_every=0"], data="random", pairs=1)
+    result = record_steps.run(args, 0.0)
+    timed = [s["stage"] for s in result["stages"]]
+    assert timed == [0, 1, 2]  # the demo's one-step extension runs at stage 2's rate
+    for s in result["stages"]:
+        assert s["ms_per_step"] > 0 and len(s["pair_ms"]) == 1 and np.isfinite(s["last_loss"])
+    bounds = stages.stage_ends(get_preset("demo").stages)
+    rates = [s["ms_per_step"] for s in result["stages"]] + [result["stages"][2]["ms_per_step"]]
+    want = sum((b - a) * r for a, b, r in zip(bounds, bounds[1:], rates)) / 1000
+    assert result["schedule_s"] == pytest.approx(want)
+    assert "the 100-step schedule at these rates" in record_steps.format_report(result)
