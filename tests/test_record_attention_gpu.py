@@ -49,7 +49,7 @@ def test_varlen_matches_the_reference(window):
     ref = record_parts.reference_attention(q32, k32, v32, cu, window, scale)
     g_want = torch.autograd.grad(ref, (q32, k32, v32), grad)
     for a, b in zip(g_got, g_want):
-        assert (a.float() - b).abs().max() <= 3e-2 * b.abs().max()
+        assert (a.float() - b).abs().max() <= 3e-2 * b.abs().max() + 1e-5  # window 0: q, k get no gradient
 
 
 @pytest.mark.gpu

@@ -37,8 +37,12 @@ def test_scaled_product_is_the_references(a_dtype, b_dtype, out_dtype):
     got = scaled_product(a, b_t, scale, out_dtype)
     want = record_fp8.reference_product(a, b_t, scale, out_dtype)
     assert got.dtype == out_dtype and got.shape == want.shape
-    rel = 2e-2 if out_dtype == torch.bfloat16 else 1e-5  # bf16: one rounding of a reordered sum
-    assert (got.float() - want.float()).abs().max() <= rel * want.float().abs().max()
+    err = (got.float() - want.float()).abs()
+    if out_dtype == torch.bfloat16:  # one rounding of a reordered (fast-accumulated) sum
+        assert err.max() <= 2e-2 * want.float().abs().max()
+    else:  # a float32 sum in another order: bounded by its terms' magnitudes, element by element
+        bound = 1e-4 * (a.float().abs() @ b_t.float().abs().T) * scale
+        assert (err <= bound).all(), f"worst excess {(err - bound).max().item():.3g}"
 
 
 def test_transposed_operands_as_the_head_passes_them():
@@ -48,7 +52,7 @@ def test_transposed_operands_as_the_head_passes_them():
     scale = torch.tensor(0.5, device="cuda")
     got = scaled_product(x.T, g.T, scale, torch.float32)
     want = record_fp8.reference_product(x.T, g.T, scale, torch.float32)
-    assert (got - want).abs().max() <= 1e-5 * want.abs().max()
+    assert ((got - want).abs() <= 1e-4 * (x.float().abs().T @ g.float().abs()) * scale).all()
 
 
 def test_the_model_seams_with_the_gpu_product():

@@ -108,7 +108,10 @@ class RecordTrainer(Trainer):
         self.fp8 = self._fp8()
         self.model.fp8 = self.fp8
         self.model.kernels = record_attention.pick(cfg.train.kernels, self.device)
-        compiled = (lambda f: torch.compile(f, dynamic=False)) if self.compiled else (lambda f: f)
+        # Inductor's mix-order reduction fusion fails on the loss's n-1-row slices (torch 2.11: "16384 v.s.
+        # 16383" in its scheduler), so it stays off for these graphs
+        options = {"triton.mix_order_reduction": False}
+        compiled = (lambda f: torch.compile(f, dynamic=False, options=options)) if self.compiled else (lambda f: f)
         self._train_loss, self._eval_loss = compiled(self.model.training_loss), compiled(self.model.eval_loss)
         self.prefix = prefix_table(get_encoding(), cfg.model.vocab).to(self.device)
         self.startup.mark("model")
