@@ -177,6 +177,10 @@ class RecordTrainConfig(KeepingConfig):
     # forward each), then model, optimisers, FP8 and loader restored: "auto" when the step is compiled
     # | "on" | "off" (each new shape then compiles inside the timed run). The same math either way.
     warmup: str = "auto"
+    # compile the later stages' graphs in child processes while the trainer compiles the first
+    # (compile/record_precompile.py); only where the step is compiled and warmed up on a GPU. Speed
+    # only: nothing a child computes is used.
+    precompile: bool = True
 
 
 @dataclass

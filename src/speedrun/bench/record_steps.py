@@ -27,13 +27,13 @@ import torch
 from speedrun.config import RecordRunConfig, apply_overrides, validate
 from speedrun.data import documents
 from speedrun.data.shards import read_shard, write_shard
+from speedrun.data.synthetic import random_documents
 from speedrun.errors import ConfigError
 from speedrun.recipes.registry import get_preset
 from speedrun.train import stages
 
 EOT = 50256
 LENGTH_SAMPLE = 4_000_000  # tokens of the corpus read for its document lengths
-MEAN_DOC = 1000  # the geometric lengths' mean without a corpus
 
 
 def corpus_doc_lengths(folder: str, pattern: str) -> np.ndarray:
@@ -44,17 +44,6 @@ def corpus_doc_lengths(folder: str, pattern: str) -> np.ndarray:
     if starts.size < 2:
         raise ConfigError(f"--data {folder}: fewer than two document starts in its first {LENGTH_SAMPLE:,} tokens")
     return np.diff(starts)
-
-
-def random_documents(n: int, lengths: np.ndarray | None, seed: int) -> np.ndarray:
-    """n uint16 random tokens, BOS at document starts whose gaps are drawn from `lengths` (or geometric)."""
-    rng = np.random.default_rng(seed)
-    tokens = rng.integers(0, EOT, size=n, dtype=np.uint16)
-    draws = n // 16 + 16  # documents are at least 1 token; 16 on average is far below any corpus's mean
-    gaps = rng.choice(lengths, size=draws) if lengths is not None else rng.geometric(1.0 / MEAN_DOC, size=draws)
-    starts = np.concatenate([[0], np.cumsum(gaps)])
-    tokens[starts[starts < n]] = EOT
-    return tokens
 
 
 def write_data(folder: Path, cfg: RecordRunConfig, pairs: int, lengths: np.ndarray | None) -> None:

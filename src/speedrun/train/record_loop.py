@@ -34,17 +34,14 @@ from speedrun.compile.session import PlainSession
 from speedrun.config import RecordRunConfig
 from speedrun.data import documents
 from speedrun.data.shards import check_vocab
-from speedrun.data.tokenizer import get_encoding
-from speedrun.kernels import record_attention
+from speedrun.compile import record_precompile
 from speedrun.model.record import RecordGPT, count_parameters
-from speedrun.model.record_fp8 import Fp8Training
-from speedrun.model.record_loss import prefix_table
-from speedrun.model import record_parts
 from speedrun.optim.normuon import build_normuon
 from speedrun.optim.record_adam import build_record_adam
 from speedrun.train import stages
 from speedrun.train.dist import DistInfo, all_reduce_mean
 from speedrun.train.loop import Trainer, grad_norm
+from speedrun.train.record_micro import MicroLoss, refresh_fp8, setup_model
 from speedrun.train.setup import data_folder, use_compile
 
 BANKS = ("qk_bank", "vo_bank", "mlp_bank")  # NorMuon's; every other parameter is Adam's
@@ -104,16 +101,12 @@ class RecordTrainer(Trainer):
         run_warmup = cfg.train.warmup == "on" or (cfg.train.warmup == "auto" and self.compiled)
         self.warmup_count = len(stages.warmup_steps(st)) if run_warmup else 0
         self.startup.mark("compile_cache")
-        self.model = build_record_model(cfg, info.world_size, self.device)
-        self.fp8 = self._fp8()
-        self.model.fp8 = self.fp8
-        self.model.kernels = record_attention.pick(cfg.train.kernels, self.device)
-        # Inductor's mix-order reduction fusion fails on the loss's n-1-row slices (torch 2.11: "16384 v.s.
-        # 16383" in its scheduler), so it stays off for these graphs
-        options = {"triton.mix_order_reduction": False}
-        compiled = (lambda f: torch.compile(f, dynamic=False, options=options)) if self.compiled else (lambda f: f)
-        self._train_loss, self._eval_loss = compiled(self.model.training_loss), compiled(self.model.eval_loss)
-        self.prefix = prefix_table(get_encoding(), cfg.model.vocab).to(self.device)
+        # the later stages' graphs compile in child processes while this one compiles the first's
+        self.precompilers = record_precompile.start(cfg, info, self.out.path if self.out else None) \
+            if self.compiled and self.warmup_count else []
+        self.model = setup_model(cfg, info.world_size, self.device, self.dtype, self.micro_steps)
+        self.fp8 = self.model.fp8
+        self.loss = MicroLoss(cfg, self.model, self.device, self.dtype, self.compiled)
         self.startup.mark("model")
         self.optimizers = self._optimizers()
         self._refresh_fp8(after_step=-1)
@@ -123,19 +116,7 @@ class RecordTrainer(Trainer):
         check_vocab(train_files + self.val_files, cfg.model.vocab)
         self.loader = _StepBatches(documents.DocumentLoader(train_files, info.rank, info.world_size, d),
                                    self.device)
-        self._rope: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
         self._val: tuple[list[documents.DocBatch], int] | None = None
-        m = cfg.model
-        self._yarn = {k: stages.yarn_state(st, k, device=self.device, pairs=m.rope_pairs, base=m.rope_base)
-                      for k in range(stages.N_STAGES)}
-
-    def _fp8(self) -> Fp8Training | None:
-        """FP8 where the config asks for it and activations are bfloat16 (the record's numbers)."""
-        f = self.cfg.fp8
-        if self.dtype != torch.bfloat16 or not (f.head or f.mlp):
-            return None
-        layers = self.cfg.model.mlp_bank_layers if f.mlp else 0
-        return Fp8Training(self.cfg.fp8_scales, 1.0 / self.micro_steps if f.head else None, layers, self.device)
 
     def _optimizers(self) -> list[torch.optim.Optimizer]:
         """NorMuon over the banks, Adam over the rest with the tie until the split step."""
@@ -146,10 +127,7 @@ class RecordTrainer(Trainer):
         return [muon, adam]
 
     def _refresh_fp8(self, after_step: int) -> None:
-        """Re-quantise the MLP weights after an update (-1: before the first step); the refreshes
-        after steps 0..15 bootstrap W2's scale from the current weights."""
-        if self.fp8 is not None and self.fp8.mlp is not None:
-            self.fp8.refresh(self.model.mlp_bank, self.cfg.fp8_scales.bootstrap_refreshes > after_step)
+        refresh_fp8(self.model, self.cfg, after_step)
 
     def describe(self) -> dict:
         f = self.fp8
@@ -189,12 +167,6 @@ class RecordTrainer(Trainer):
 
     # -------------------------------------------------------------- steps
 
-    def _rope_tables(self, stage: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin of the stage's YaRN frequencies for 2n positions (the paired layers' rows)."""
-        if (stage, n) not in self._rope:
-            self._rope[(stage, n)] = record_parts.rope_tables(self._yarn[stage][0], 2 * n)
-        return self._rope[(stage, n)]
-
     def set_schedules(self, plan: stages.StepPlan) -> None:
         self.lr_mult = plan.lr_mul * self.guard.lr_factor
         for opt in self.optimizers:
@@ -203,20 +175,9 @@ class RecordTrainer(Trainer):
                 if "momentum" in group:
                     group["momentum"] = plan.momentum
 
-    def _loss_weights(self, plan: stages.StepPlan) -> tuple[torch.Tensor, torch.Tensor | float]:
-        """MTP weights as a tensor; π as a tensor in the stages that have a prefix term, else 0."""
-        st, k = self.cfg.stages, plan.stage
-        mtp = torch.tensor(plan.mtp_weights, dtype=torch.float32, device=self.device)
-        has_prefix = st.prefix_start[k] or st.prefix_end[k]
-        return mtp, torch.tensor(plan.prefix_weight, device=self.device) if has_prefix else 0.0
-
     def micro_loss(self, batch: documents.DocBatch, plan: stages.StepPlan) -> torch.Tensor:
         """One micro-batch's summed training loss (MTP and prefix terms) at the plan's schedule."""
-        mtp, pi = self._loss_weights(plan)
-        rope = self._rope_tables(plan.stage, batch.inputs.numel())
-        return self._train_loss(batch.inputs, batch.targets, batch.cu_seqlens, (plan.short_window, plan.long_window),
-                                self._yarn[plan.stage][1], mtp, pi, self.prefix, rope=rope, dtype=self.dtype,
-                                longest=plan.max_doc_len)
+        return self.loss(batch, plan)
 
     def train_step(self, step: int) -> torch.Tensor:
         """One optimiser step over this rank's micro-batches; its mean loss per token (device)."""
@@ -256,9 +217,9 @@ class RecordTrainer(Trainer):
         batches, longest = self._val_batches()
         total = torch.zeros((), device=self.device)
         for batch in batches:
-            rope = self._rope_tables(stage, batch.inputs.numel())
-            total += self._eval_loss(batch.inputs, batch.targets, batch.cu_seqlens, windows, self._yarn[stage][1],
-                                     rope=rope, dtype=self.dtype, longest=longest).float()
+            rope = self.loss.rope(stage, batch.inputs.numel())
+            total += self.model.eval_loss(batch.inputs, batch.targets, batch.cu_seqlens, windows, self.loss.yarn[stage][1],
+                                          rope=rope, dtype=self.dtype, longest=longest).float()
         self.model.train()
         return all_reduce_mean(total / max(len(batches), 1)).item()
 
@@ -272,14 +233,20 @@ class RecordTrainer(Trainer):
         return self._val
 
     def warm_up(self) -> None:
-        """The spec's untimed warm-up: at each step of the warm-up set one training step (the eval
-        forwards compile at the first validation), then parameters, optimisers (NorMuon's buffers
-        zeroed, the tie restored), FP8 and the loader back to their start."""
+        """The spec's untimed warm-up: at each step of the warm-up set one training step, then
+        parameters, optimisers (NorMuon's buffers zeroed, the tie restored), FP8 and the loader back
+        to their start. The later stages' graphs are the precompile children's: before the first of
+        those steps the trainer waits for them, and then finds the graphs in torch's caches."""
         if not self.warmup_count:
             return
         model_state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         loader_state = self.loader.state_dict()
         for i, step in enumerate(stages.warmup_steps(self.cfg.stages)):
+            if self.precompilers and stages.stage_index(self.cfg.stages, step) > 0:
+                note = record_precompile.wait(self.precompilers)
+                self.precompilers = []
+                if self.info.is_main:
+                    print(f"speedrun: precompile: {note}", flush=True)
             self.train_step(step)
             self.startup.mark("first_step" if i == 0 else "warmup_steps")
         self.model.load_state_dict(model_state)
@@ -306,7 +273,7 @@ class RecordTrainer(Trainer):
         from speedrun.tools.sample import generate_record_text
 
         st = self.cfg.stages
-        freqs, scale = self._yarn[stages.N_STAGES - 1]
+        freqs, scale = self.loss.yarn[stages.N_STAGES - 1]
         text = generate_record_text(self.model, "It was a dark and stormy night", self.cfg.train.sample_tokens,
                                     stages.final_val_windows(st), scale, freqs, dtype=self.dtype)
         print(f"sample: {text}")

@@ -1,0 +1,150 @@
+"""Compile the 2026 record's later stages in child processes while the trainer compiles the first.
+
+The record's step has one compiled graph per stage (train/record_micro.py): four graphs of the whole
+model's forward and backward, each about 90-100 s of compilation on an H200 with empty caches, which
+one after the other made a cold start of 423 s. They do not depend on one another, so `start`
+launches one child per later stage (`python -m speedrun.compile.record_precompile`) as the trainer
+begins to build its model. A child builds the same model with the same seams (`record_micro`),
+runs one micro-step of its stage's first step on random tokens at the run's shapes and exits; that
+fills torch's local compiler caches (Inductor's graph cache and AOTAutograd's, Triton's kernels),
+which the trainer shares through the environment. Before the warm-up's first step of a later
+stage the trainer waits for the children (`wait`), and its own compiles of those graphs are then
+cache hits. The cold start becomes about one stage's compile instead of four.
+
+A child computes nothing the run uses. One that fails or is slow costs time, never results: the
+trainer then compiles that stage itself. Each child holds a model and one micro-step's activations on
+the GPU (about 20 GiB at the record's largest micro-batch): on a card of less than 120 GiB the three
+stages share one child, in order, so that the children and the trainer fit beside each other.
+`train.precompile=false` turns them off; they run only where the step is compiled and warmed up.
+Rank 0's children write `precompile-stage<k>.log` in the run folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+from speedrun.train import stages
+
+WAIT_LIMIT_S = 600.0
+ROOMY_GIB = 120  # a card this large holds a child per stage beside the trainer
+
+
+def child_steps(cfg, roomy: bool) -> list[list[int]]:
+    """The steps each child compiles: the first step of each later stage, one child each when the
+    card is roomy, else one child for all of them."""
+    firsts = [b for b in stages.stage_ends(cfg.stages)[1:stages.N_STAGES + 1] if b < cfg.stages.total_steps]
+    return [[s] for s in firsts] if roomy else [firsts] if firsts else []
+
+
+def start(cfg, info, log_dir: Path | None) -> list[subprocess.Popen]:
+    """Launch the children for this rank's device (none where `train.precompile` is off or not on a
+    GPU); they inherit the environment, so they fill the caches the trainer reads."""
+    if not cfg.train.precompile or info.device.type != "cuda":
+        return []
+    roomy = torch.cuda.get_device_properties(info.device).total_memory >= ROOMY_GIB * 2**30
+    fd, cfg_path = tempfile.mkstemp(prefix="speedrun-record-precompile-", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump(cfg.to_dict(), f)
+    procs = []
+    for steps in child_steps(cfg, roomy):
+        name = f"precompile-stage{stages.stage_index(cfg.stages, steps[0])}.log"
+        log = open(log_dir / name, "w") if log_dir is not None and info.is_main else subprocess.DEVNULL
+        cmd = [sys.executable, "-m", "speedrun.compile.record_precompile", "--config", cfg_path, "--device",
+               str(info.device), "--world-size", str(info.world_size), "--steps", *map(str, steps)]
+        try:
+            procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+        finally:
+            if log is not subprocess.DEVNULL:
+                log.close()
+    for p in procs:
+        p.t0, p.cfg_path = time.time(), cfg_path
+    atexit.register(stop, procs)  # a trainer that fails before waiting leaves no child behind
+    return procs
+
+
+def wait(procs: list[subprocess.Popen], limit_s: float = WAIT_LIMIT_S) -> str:
+    """Wait for every child (at most limit_s from its start); a short note on how they ended."""
+    notes = []
+    for p in procs:
+        try:
+            rc = p.wait(timeout=max(0.0, limit_s - (time.time() - p.t0)))
+            notes.append(f"done after {time.time() - p.t0:.1f} s" if rc == 0 else f"failed (exit {rc})")
+        except subprocess.TimeoutExpired:
+            notes.append(f"still running after {limit_s:.0f} s; stopped")
+    stop(procs)
+    return f"{len(procs)} child(ren): " + "; ".join(notes)
+
+
+def stop(procs: list[subprocess.Popen]) -> None:
+    """End the children that still run and remove their config file."""
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        Path(p.cfg_path).unlink(missing_ok=True)
+
+
+# ---------------------------------------------------------------- the child
+
+
+def run_child(cfg, device: torch.device, world_size: int, steps: list[int], compiled: bool = True) -> None:
+    """One micro-step forward and backward at each step's shapes, as the trainer's step runs it
+    (`compiled` off only in the CPU test of the mechanics)."""
+    from speedrun.data.synthetic import random_documents
+    from speedrun.data import documents
+    from speedrun.data.shards import write_shard
+    from speedrun.train.record_micro import MicroLoss, refresh_fp8, setup_model
+    from speedrun.train.setup import pick_dtype
+
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dtype = pick_dtype(cfg.train.dtype, device)
+    micro_steps = documents.grad_accum_steps(world_size, cfg.docs)
+    model = setup_model(cfg, world_size, device, dtype, micro_steps)
+    refresh_fp8(model, cfg, after_step=-1)
+    loss = MicroLoss(cfg, model, device, dtype, compiled)
+    with tempfile.TemporaryDirectory(prefix="speedrun-record-precompile-") as tmp:
+        shard = Path(tmp) / "train_000000.bin"
+        write_shard(shard, random_documents(4 * max(cfg.stages.tokens_per_step), None, cfg.train.seed))
+        loader = documents.DocumentLoader([shard], 0, world_size, cfg.docs)
+        for step in steps:
+            plan = stages.step_plan(cfg.stages, step, cfg.docs)
+            t0 = time.time()
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="training data wrapped around")
+                batch = loader.next_step(plan.local_tokens, plan.max_doc_len, plan.max_docs)[0]
+            loss(documents.to_device(batch, device), plan).backward()
+            model.zero_grad(set_to_none=True)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            print(f"precompile: stage {plan.stage} (step {step}) in {time.time() - t0:.1f} s", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from speedrun.config import from_dict
+
+    p = argparse.ArgumentParser(prog="python -m speedrun.compile.record_precompile",
+                                description="Compile the 2026 record's later stages (started by the trainer).")
+    p.add_argument("--config", required=True, help="the run's config.json")
+    p.add_argument("--device", required=True)
+    p.add_argument("--world-size", type=int, default=1)
+    p.add_argument("--steps", type=int, nargs="+", required=True, help="the steps whose graphs to compile")
+    args = p.parse_args(argv)
+    cfg = from_dict(json.loads(Path(args.config).read_text()))
+    run_child(cfg, torch.device(args.device), args.world_size, args.steps)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
