@@ -12,26 +12,10 @@ included, so the trace covers the seams a GPU run uses.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from speedrun.kernels.record_attention import dc_by_attention
+from record_standins import dense_attend, dense_dc
 from speedrun.model import record_fp8, record_parts
 from speedrun.model.record import RecordGPT, RecordKernels, RecordModelConfig
-
-
-def dense_attend(q, k, v, cu_seqlens, window, scale, longest):
-    """reference_attention's function without a loop over documents: an (n, n) mask."""
-    n = q.shape[0]
-    pos = torch.arange(n, device=q.device)
-    doc = torch.searchsorted(cu_seqlens.reshape(-1)[1:].contiguous(), pos, right=True)
-    i, j = pos[:, None], pos[None, :]
-    visible = (doc[:, None] == doc[None, :]) & (j <= i) & (i - j <= window)
-    y = F.scaled_dot_product_attention(*(t.transpose(0, 1).float() for t in (q, k, v)), attn_mask=visible, scale=scale)
-    return y.transpose(0, 1).to(q.dtype)
-
-
-def dense_dc(q, k, v, cu_seqlens, w1, w2, scale, keys, eps, longest):
-    return dc_by_attention(dense_attend, q, k, v, cu_seqlens, w1, w2, scale, keys, eps, longest)
 
 
 def _model_and_batch(n=192):

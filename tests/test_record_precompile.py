@@ -1,15 +1,24 @@
 """The 2026 record's precompile children (compile/record_precompile.py): which steps they compile,
-when none start, and a child's run on the CPU (uncompiled: the mechanics, not the caches, which only
-a GPU run can show)."""
+when none start, a child's run on the CPU, and that the graph a child traces is the one the trained
+run meets (Dynamo on the CPU, with a backend that records the graphs: whether Inductor's caches then
+hit is what only a GPU run shows)."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
+from record_standins import dense_kernels
+
 from speedrun.compile import record_precompile
+from speedrun.config import RecordRunConfig, apply_overrides
+from speedrun.data.shards import write_shard
+from speedrun.kernels import record_attention
+from speedrun.recipes.presets import record_steps
 from speedrun.recipes.registry import get_preset
 from speedrun.train import stages
 from speedrun.train.dist import DistInfo
+from speedrun.train.record_loop import RecordTrainer
 
 
 def test_a_child_per_later_stage_or_one_for_all():
@@ -33,3 +42,46 @@ def test_a_child_runs_each_stage_s_micro_step(capsys):
     record_precompile.run_child(cfg, torch.device("cpu"), 1, steps, compiled=False)
     out = capsys.readouterr().out
     assert [f"stage {k} (step {s})" in out for k, s in zip((1, 2), steps)] == [True, True]
+
+
+def _tiny_bf16(data) -> RecordRunConfig:
+    """A tiny record (vocabulary 128) in bf16 with the FP8 head and MLP, compiled, on `data`."""
+    sets = {
+        "model.vocab": 128, "model.sign_rows": 64, "model.mlp_hidden": 192, "docs.bos": 127,
+        "docs.sets_per_step": 2, "docs.val_tokens": 0, "stages.piece_sets_per_step": 2,
+        "stages.tokens_per_step": "512,512,768,768", "stages.max_doc_len": "128,256,256,256",
+        "stages.block_tokens": 16, "stages.momentum_warmup_steps": 4, "stages.momentum_cooldown_steps": 2,
+        "data.train_pattern": "docs_train_*.bin", "data.data_dir": str(data), "train.sample_tokens": 0,
+        "train.dtype": "bfloat16", "train.compile": "on", "train.warmup": "off",
+    }
+    return apply_overrides(record_steps(get_preset("demo"), 12), [f"{k}={v}" for k, v in sets.items()])
+
+
+def test_a_child_traces_the_graph_the_trained_run_meets(tmp_path, monkeypatch):
+    """The caches serve the trainer only if a child's graph is the trainer's: the same code and the
+    same inputs (shapes, dtypes, gradients) at a later stage's first step, although the trainer's model,
+    FP8 scales and optimiser tie have trained through the stages before and the child's are fresh."""
+    rng = np.random.default_rng(0)
+    docs = [np.r_[127, rng.integers(0, 127, rng.integers(20, 300))] for _ in range(300)]
+    write_shard(tmp_path / "docs_train_000000.bin", np.concatenate(docs).astype(np.uint16))
+    cfg = _tiny_bf16(tmp_path)
+    graphs: dict[str, list] = {"trainer": [], "child": []}
+    side, real_compile = ["trainer"], torch.compile
+
+    def record(gm, example_inputs):
+        meta = [(tuple(t.shape), t.dtype, t.requires_grad) for t in example_inputs if isinstance(t, torch.Tensor)]
+        graphs[side[0]].append((gm.code, meta))
+        return gm.forward
+
+    monkeypatch.setattr(torch, "compile", lambda f, **kw: real_compile(f, backend=record, dynamic=False))
+    monkeypatch.setattr(record_attention, "pick", dense_kernels)  # the CPU's reference loops break graphs
+    torch._dynamo.reset()
+    trainer = RecordTrainer(cfg, DistInfo(0, 1, 0, torch.device("cpu")), tmp_path / "run", progress=False)
+    stage2 = stages.stage_ends(cfg.stages)[2]
+    for step in range(stage2 + 1):  # through stages 0 and 1 into stage 2's first step
+        trainer.train_step(step)
+    assert len(graphs["trainer"]) == 3  # one graph per stage met
+    torch._dynamo.reset()
+    side[0] = "child"
+    record_precompile.run_child(cfg, torch.device("cpu"), 1, [stage2])
+    assert graphs["child"] == graphs["trainer"][2:]

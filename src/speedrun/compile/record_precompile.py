@@ -116,7 +116,8 @@ def run_child(cfg, device: torch.device, world_size: int, steps: list[int], comp
     loss = MicroLoss(cfg, model, device, dtype, compiled)
     with tempfile.TemporaryDirectory(prefix="speedrun-record-precompile-") as tmp:
         shard = Path(tmp) / "train_000000.bin"
-        write_shard(shard, random_documents(4 * max(cfg.stages.tokens_per_step), None, cfg.train.seed))
+        tokens = random_documents(4 * max(cfg.stages.tokens_per_step), None, cfg.train.seed, cfg.docs.bos, cfg.model.vocab)
+        write_shard(shard, tokens)
         loader = documents.DocumentLoader([shard], 0, world_size, cfg.docs)
         for step in steps:
             plan = stages.step_plan(cfg.stages, step, cfg.docs)
