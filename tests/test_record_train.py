@@ -158,7 +158,7 @@ def test_a_run_with_every_technique_switch_off_trains(tmp_path, data):
     _, val_l = curves(run)
     assert val_l[12] < val_l[0] - 1.0
     from speedrun.run.checkpoint import load_config
-    from speedrun.train.record_loop import build_record_model
+    from speedrun.train.record_micro import build_record_model
 
     start = build_record_model(load_config(run), 1, torch.device("cpu"))
     assert torch.equal(load_file(run / "model.safetensors")["smear_gate"], start.smear_gate.detach())

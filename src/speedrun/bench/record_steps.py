@@ -27,12 +27,11 @@ import torch
 from speedrun.config import RecordRunConfig, apply_overrides, validate
 from speedrun.data import documents
 from speedrun.data.shards import read_shard, write_shard
-from speedrun.data.synthetic import random_documents
+from speedrun.data.synthetic import EOT, random_documents
 from speedrun.errors import ConfigError
 from speedrun.recipes.registry import get_preset
 from speedrun.train import stages
 
-EOT = 50256
 LENGTH_SAMPLE = 4_000_000  # tokens of the corpus read for its document lengths
 
 
@@ -66,9 +65,9 @@ def stage_steps(cfg: RecordRunConfig, pairs: int) -> list[tuple[int, list[int]]]
     return out
 
 
-def _config(preset: str, overrides: list[str], folder: Path) -> RecordRunConfig:
-    """The preset as a run resolves it, on the bench's data, with nothing but training steps."""
-    return apply_overrides(get_preset(preset), overrides + [
+def _config(resolved: RecordRunConfig, folder: Path) -> RecordRunConfig:
+    """The resolved preset on the bench's data, with nothing but training steps."""
+    return apply_overrides(resolved, [
         f"data.data_dir={folder}", "data.train_pattern=bench_train_*.bin", "docs.val_tokens=0",
         "train.checkpoint_every_steps=0", "train.checkpoint_every_minutes=0", "train.health_every=0",
         "train.warmup=off"])
@@ -84,7 +83,7 @@ def run(args, t_start: float) -> dict:
     base = apply_overrides(get_preset(args.preset), list(args.overrides))
     lengths = corpus_doc_lengths(args.data, base.data.train_pattern) if args.data != "random" else None
     (tmp / "data").mkdir()
-    cfg = _config(args.preset, list(args.overrides), tmp / "data")
+    cfg = _config(base, tmp / "data")
     validate(cfg, info.world_size)
     write_data(tmp / "data", cfg, args.pairs, lengths)
     with warnings.catch_warnings():

@@ -79,11 +79,11 @@ def start(cfg, info, log_path: Path | None, warm: bool = False) -> subprocess.Po
     return proc
 
 
-def wait(proc: subprocess.Popen, limit_s: float = WAIT_LIMIT_S) -> str:
-    """Wait for the child (at most limit_s); a short note on how it ended."""
+def wait(proc: subprocess.Popen, limit_s: float = WAIT_LIMIT_S, log: str = "precompile.log") -> str:
+    """Wait for the child (at most limit_s from its start); a short note on how it ended."""
     try:
         rc = proc.wait(timeout=max(0.0, limit_s - (time.time() - proc.t0)))
-        note = f"done after {time.time() - proc.t0:.1f} s" if rc == 0 else f"failed (exit {rc}; see precompile.log)"
+        note = f"done after {time.time() - proc.t0:.1f} s" if rc == 0 else f"failed (exit {rc}; see {log})"
     except subprocess.TimeoutExpired:
         note = f"still running after {limit_s:.0f} s; stopped"
     stop(proc)

@@ -34,9 +34,9 @@ from pathlib import Path
 
 import torch
 
+from speedrun.compile import precompile
 from speedrun.train import stages
 
-WAIT_LIMIT_S = 600.0
 ROOMY_GIB = 120  # a card this large holds a child per stage beside the trainer
 
 
@@ -58,7 +58,7 @@ def start(cfg, info, log_dir: Path | None) -> list[subprocess.Popen]:
         json.dump(cfg.to_dict(), f)
     procs = []
     for steps in child_steps(cfg, roomy):
-        name = f"precompile-stage{stages.stage_index(cfg.stages, steps[0])}.log"
+        name = _log_name(cfg, steps)
         log = open(log_dir / name, "w") if log_dir is not None and info.is_main else subprocess.DEVNULL
         cmd = [sys.executable, "-m", "speedrun.compile.record_precompile", "--config", cfg_path, "--device",
                str(info.device), "--world-size", str(info.world_size), "--steps", *map(str, steps)]
@@ -67,32 +67,26 @@ def start(cfg, info, log_dir: Path | None) -> list[subprocess.Popen]:
         finally:
             if log is not subprocess.DEVNULL:
                 log.close()
-    for p in procs:
-        p.t0, p.cfg_path = time.time(), cfg_path
+    for p, steps in zip(procs, child_steps(cfg, roomy)):
+        p.t0, p.cfg_path, p.log_name = time.time(), cfg_path, _log_name(cfg, steps)
     atexit.register(stop, procs)  # a trainer that fails before waiting leaves no child behind
     return procs
 
 
-def wait(procs: list[subprocess.Popen], limit_s: float = WAIT_LIMIT_S) -> str:
-    """Wait for every child (at most limit_s from its start); a short note on how they ended."""
-    notes = []
-    for p in procs:
-        try:
-            rc = p.wait(timeout=max(0.0, limit_s - (time.time() - p.t0)))
-            notes.append(f"done after {time.time() - p.t0:.1f} s" if rc == 0 else f"failed (exit {rc})")
-        except subprocess.TimeoutExpired:
-            notes.append(f"still running after {limit_s:.0f} s; stopped")
-    stop(procs)
+def _log_name(cfg, steps: list[int]) -> str:
+    return f"precompile-stage{stages.stage_index(cfg.stages, steps[0])}.log"
+
+
+def wait(procs: list[subprocess.Popen], limit_s: float = precompile.WAIT_LIMIT_S) -> str:
+    """Wait for every child (`precompile.wait`, at most limit_s from its start); how they ended."""
+    notes = [precompile.wait(p, limit_s, p.log_name) for p in procs]
     return f"{len(procs)} child(ren): " + "; ".join(notes)
 
 
 def stop(procs: list[subprocess.Popen]) -> None:
-    """End the children that still run and remove their config file."""
+    """End the children that still run and remove their config file (`precompile.stop`)."""
     for p in procs:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-        Path(p.cfg_path).unlink(missing_ok=True)
+        precompile.stop(p)
 
 
 # ---------------------------------------------------------------- the child

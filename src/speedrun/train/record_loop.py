@@ -67,13 +67,6 @@ class _StepBatches:
         self.loader.load_state_dict(state)
 
 
-def build_record_model(cfg: RecordRunConfig, world_size: int, device: torch.device) -> RecordGPT:
-    """The model as the run starts it: initialised from a CPU generator seeded with train.seed (the
-    same weights on every device and world size, pads aside), tied."""
-    gen = torch.Generator().manual_seed(cfg.train.seed)
-    return RecordGPT(cfg.model, world_size, device=device, generator=gen)
-
-
 def split_parameters(model: RecordGPT) -> tuple[dict, dict]:
     """(NorMuon's banks, Adam's other parameters), by the spec's names."""
     named = dict(model.named_parameters())
@@ -224,8 +217,8 @@ class RecordTrainer(Trainer):
         return all_reduce_mean(total / max(len(batches), 1)).item()
 
     def _val_batches(self) -> tuple[list[documents.DocBatch], int]:
-        """This rank's val chunks on the device, read once a run, and their longest document: one
-        constant for every validation, so that the compiled validation keeps one graph per stage."""
+        """This rank's val chunks on the device, read once a run, and their longest document (the
+        attention kernel's grid bound), found once so that no validation reads it back per layer."""
         if self._val is None:
             batches = list(documents.val_batches(self.val_files, self.info.rank, self.info.world_size, self.cfg.docs))
             longest = max(int((b.cu_seqlens[1:] - b.cu_seqlens[:-1]).max()) for b in batches)

@@ -41,12 +41,17 @@ def fp8_training(cfg: RecordRunConfig, dtype: torch.dtype, micro_steps: int, dev
     return Fp8Training(cfg.fp8_scales, 1.0 / micro_steps if f.head else None, layers, device)
 
 
+def build_record_model(cfg: RecordRunConfig, world_size: int, device: torch.device) -> RecordGPT:
+    """The model's weights as a run starts them: initialised from a CPU generator seeded with
+    train.seed (the same weights on every device and world size, pads aside), tied."""
+    gen = torch.Generator().manual_seed(cfg.train.seed)
+    return RecordGPT(cfg.model, world_size, device=device, generator=gen)
+
+
 def setup_model(cfg: RecordRunConfig, world_size: int, device: torch.device, dtype: torch.dtype,
                 micro_steps: int) -> RecordGPT:
-    """The model as a run starts it: initialised from a CPU generator seeded with train.seed (the same
-    weights on every device and world size, pads aside), tied, with its FP8 products and kernels."""
-    gen = torch.Generator().manual_seed(cfg.train.seed)
-    model = RecordGPT(cfg.model, world_size, device=device, generator=gen)
+    """`build_record_model` with its FP8 products and the kernels of the device's one choice."""
+    model = build_record_model(cfg, world_size, device)
     model.fp8 = fp8_training(cfg, dtype, micro_steps, device)
     model.kernels = record_attention.pick(cfg.train.kernels, device)
     return model
@@ -73,6 +78,7 @@ class MicroLoss:
         self.yarn = {k: stages.yarn_state(cfg.stages, k, device=device, pairs=m.rope_pairs, base=m.rope_base)
                      for k in range(stages.N_STAGES)}
         self._rope: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._weights: tuple[int, tuple[torch.Tensor, torch.Tensor | float]] | None = None
 
     def rope(self, stage: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin of the stage's YaRN frequencies for 2n positions (the paired layers' rows)."""
@@ -81,11 +87,15 @@ class MicroLoss:
         return self._rope[(stage, n)]
 
     def weights(self, plan: stages.StepPlan) -> tuple[torch.Tensor, torch.Tensor | float]:
-        """MTP weights as a tensor; π as a tensor in the stages that have a prefix term, else 0."""
-        st, k = self.cfg.stages, plan.stage
-        mtp = torch.tensor(plan.mtp_weights, dtype=torch.float32, device=self.device)
-        has_prefix = st.prefix_start[k] or st.prefix_end[k]
-        return mtp, torch.tensor(plan.prefix_weight, device=self.device) if has_prefix else 0.0
+        """MTP weights as a tensor; π as a tensor in the stages that have a prefix term, else 0. Made
+        once a step (its micro-steps share them): two host-to-device copies a step, not two a micro-step."""
+        if self._weights is None or self._weights[0] != plan.step:
+            st, k = self.cfg.stages, plan.stage
+            mtp = torch.tensor(plan.mtp_weights, dtype=torch.float32, device=self.device)
+            has_prefix = st.prefix_start[k] or st.prefix_end[k]
+            pi = torch.tensor(plan.prefix_weight, device=self.device) if has_prefix else 0.0
+            self._weights = plan.step, (mtp, pi)
+        return self._weights[1]
 
     def __call__(self, batch: documents.DocBatch, plan: stages.StepPlan) -> torch.Tensor:
         mtp, pi = self.weights(plan)
