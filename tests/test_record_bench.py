@@ -50,8 +50,9 @@ def test_corpus_lengths_are_the_bos_gaps(tmp_path):
         record_steps.corpus_doc_lengths(str(tmp_path), "fineweb_train_*.bin")
 
 
-def test_a_whole_bench_of_the_demo(capsys):
-    args = argparse.Namespace(preset="demo", overrides=["stages.val_every=0"], data="random", pairs=1)
+def test_a_whole_bench_of_the_demo(capsys, tmp_path):
+    args = argparse.Namespace(preset="demo", overrides=["stages.val_every=0"], data="random", pairs=1,
+                              profile=str(tmp_path / "prof.txt"))
     result = record_steps.run(args, 0.0)
     timed = [s["stage"] for s in result["stages"]]
     assert timed == [0, 1, 2]  # the demo's one-step extension runs at stage 2's rate
@@ -62,3 +63,6 @@ def test_a_whole_bench_of_the_demo(capsys):
     want = sum((b - a) * r for a, b, r in zip(bounds, bounds[1:], rates)) / 1000
     assert result["schedule_s"] == pytest.approx(want)
     assert "the 100-step schedule at these rates" in record_steps.format_report(result)
+    prof = result["profile"]
+    assert prof["steps"] == 6 and prof["top"] and prof["idle"] is None  # a pair of each timed stage; no device
+    assert "self_cpu_time_total" in (tmp_path / "prof.txt").read_text()

@@ -1,31 +1,47 @@
 #!/usr/bin/env bash
-# The 2026 record's measurements on one GPU, one compiler cache for the whole call (empty first):
-#   proxy161 SEED...   whole proxy161 runs from .proxy161 (the first on empty caches: the cold start)
-#   proxy322           one proxy322 run from .proxy322
-#   bench              `speedrun bench --preset record`: ms a step in each stage, the proxy's document lengths
-# Carry .proxy161 or .proxy322 (scripts/bench/record_carry_sets.py makes them). A proxy161 run takes about
-# 5 minutes with empty caches; give each mode its own call.
-# Results: /tmp/runs/RUN (summary.json, metrics.jsonl, config.json), $RES/RUN.log, then $OUT/results.tar.gz.
+# The 2026 record's measurements on one GPU, in the order given, on one compiler cache for the whole call
+# (empty first, so the first item's start is the cold start):
+#   161:SEED   a whole proxy161 run from .proxy161 with that seed
+#   322        one proxy322 run from .proxy322
+#   bench      `speedrun bench --preset record --data .proxy161`: ms a step in each stage, then one pair of
+#              each stage under the profiler
+#   tests      the record's GPU tests (attention, FP8)
+# e.g. `record_runs.sh 161:0 161:1 bench`. Carry .proxy161 or .proxy322 (scripts/bench/record_carry_sets.py
+# makes them). LIMIT (seconds, default 560) bounds the whole call: an item that would start too late is
+# skipped, and the one running at the limit is stopped, so the results are always packed before the
+# device call ends. Results: /tmp/runs/RUN (summary.json, metrics.jsonl, config.json), $RES/*.log, then
+# $OUT/results.tar.gz.
 set -u
 source scripts/bench/common.sh
-unpack() { (cd "$1" && for f in *.xz; do [ -f "${f%.xz}" ] || xz -dk "$f" & done; wait); }
+LIMIT=${LIMIT:-560}
+unpack() { [ -d "$1" ] && (cd "$1" && for f in *.xz; do [ -f "${f%.xz}" ] || xz -dk "$f" & done; wait); }
+left() { echo $((LIMIT - SECONDS)); }
 run() {  # run RUN DATA ARGS...: speedrun train into /tmp/runs/RUN on the call's cache
   local name=$1 data=$2; shift 2
-  echo "$(date +%T) start $name $*"
-  env $(caches record) python3 -m speedrun.train --data-dir "$data" --no-progress --overwrite --out "/tmp/runs/$name" "$@" \
-    > "$RES/$name.log" 2>&1
+  echo "$(date +%T) start $name $* ($(left) s left)"
+  env $(caches record) timeout "$(left)" python3 -m speedrun.train --data-dir "$data" --no-progress --overwrite \
+    --out "/tmp/runs/$name" "$@" > "$RES/$name.log" 2>&1
   echo "$(date +%T) end $name: exit $? | $(grep -E 'cold start|precompile|final val|rror' "$RES/$name.log" | tr '\n' ' ')"
+}
+item() {
+  case $1 in
+    161:*) unpack .proxy161; run "proxy161-seed${1#161:}" .proxy161 --preset proxy161 --seed "${1#161:}" ;;
+    322) unpack .proxy322; run proxy322 .proxy322 --preset proxy322 ;;
+    bench) unpack .proxy161; env $(caches record) timeout "$(left)" python3 -m speedrun.cli.__main__ bench \
+             --preset record --pairs 5 --data .proxy161 --json "$RES/bench-record.json" \
+             --profile "$RES/profile-record.txt" > "$RES/bench-record.log" 2>&1
+           grep -v '^\s*$' "$RES/bench-record.log" | tail -12 ;;
+    tests) timeout "$(left)" python3 -m pytest -q -p no:cacheprovider tests/test_record_attention_gpu.py \
+             tests/test_record_fp8_gpu.py > "$RES/gpu-tests.log" 2>&1; tail -3 "$RES/gpu-tests.log" ;;
+    *) echo "usage: $0 161:SEED | 322 | bench | tests ..."; exit 2 ;;
+  esac
 }
 gpus_csv
 bytecode_on
 rm -rf "$C/record"
-mode=${1:-proxy161}; shift || true
-case $mode in
-  proxy161) unpack .proxy161; for seed in "${@:-0}"; do run "proxy161-seed$seed" .proxy161 --preset proxy161 --seed "$seed"; done ;;
-  proxy322) unpack .proxy322; run proxy322 .proxy322 --preset proxy322 ;;
-  bench) unpack .proxy161; env $(caches record) python3 -m speedrun.cli.__main__ bench --preset record --pairs 5 \
-           --data .proxy161 --json "$RES/bench-record.json" 2>&1 | tee "$RES/bench-record.log" | grep -v '^\s*$' | tail -12 ;;
-  *) echo "usage: $0 proxy161 [SEED...] | proxy322 | bench"; exit 2 ;;
-esac
+for it in "$@"; do
+  if [ "$(left)" -lt 60 ]; then echo "skipped $it: $(left) s left"; continue; fi
+  item "$it"
+done
 summaries
 collect

@@ -6,7 +6,8 @@ bench builds the same `RecordTrainer` a run builds and, for each stage, runs two
 the stage's start (the stage's graph compiles) and then times `--pairs` consecutive (even, odd)
 pairs of steps, the device synchronised around each pair. A stage's ms per step is the mean over
 its pairs of half a pair's time; the schedule's time is the sum over stages of steps × that. The
-peak memory of each stage is the allocator's over its timed steps.
+peak memory of each stage is the allocator's over its timed steps. `--profile FILE` then runs one
+pair of each stage again under the profiler (the kernels, and where the device sat idle).
 
 The tokens are random (no corpus needed); their document lengths are the corpus's when `--data DIR`
 names one (its first training shard's BOS gaps, resampled), otherwise geometric around 1,000 tokens.
@@ -102,7 +103,18 @@ def run(args, t_start: float) -> dict:
         total += (end - start) * (rate[k] if k in rate else rate[max(j for j in rate if j < k)]) / 1000
     result["schedule_s"] = total
     result["schedule_steps"] = cfg.stages.total_steps
+    if getattr(args, "profile", None):
+        result["profile"] = _profile(trainer, result["stages"], Path(args.profile) if info.is_main else None)
     return result
+
+
+def _profile(trainer, measured: list[dict], path: Path | None) -> dict:
+    """One (even, odd) pair of each measured stage again, under the profiler, after the timing (the
+    profiler slows what it watches): the top kernels, the device's idle time, the table and trace."""
+    from speedrun.bench.step import profile_calls
+
+    steps = [s for st in measured for s in st["steps"][:2]]
+    return profile_calls(lambda j: trainer.train_step(steps[j]), len(steps), trainer.device, path)
 
 
 def _sync(device: torch.device) -> None:

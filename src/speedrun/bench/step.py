@@ -359,15 +359,22 @@ def _is_sync_warning(message: str) -> bool:
 def profile_steps(session: Session, n: int, progress: float | None, path: Path | None) -> dict:
     """Top 15 kernels by device time (CPU time on a CPU) over n steps. `path` gets the
     profiler's table (top 80) and, beside it, `<path>.trace.json.gz`, the Chrome trace."""
+    return profile_calls(lambda j: session.step(_step_index(session.cfg, j, n, progress)), n, session.device,
+                         path if session.is_main else None)
+
+
+def profile_calls(step, n: int, device: torch.device, path: Path | None) -> dict:
+    """`step(j)` for j < n under the profiler: the top 15 kernels by device time (CPU time on a
+    CPU), where the device sat idle, and with `path` the table (top 80) and the Chrome trace."""
     from torch.profiler import ProfilerActivity, profile
 
-    cuda = session.device.type == "cuda"
+    cuda = device.type == "cuda"
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    _sync(session.device)
+    _sync(device)
     with profile(activities=acts) as prof:
         for j in range(n):
-            session.step(_step_index(session.cfg, j, n, progress))
-        _sync(session.device)
+            step(j)
+        _sync(device)
     key = "self_device_time_total" if cuda else "self_cpu_time_total"
     events = [e for e in prof.key_averages() if getattr(e, key, 0) > 0]
     events.sort(key=lambda e: getattr(e, key), reverse=True)
@@ -376,7 +383,7 @@ def profile_steps(session: Session, n: int, progress: float | None, path: Path |
             "ms_per_step": getattr(e, key) / 1000 / n, "percent": 100 * getattr(e, key) / total}
            for e in events[:15]]
     idle = device_idle(_device_spans(prof), n) if cuda else None
-    if path is not None and session.is_main:
+    if path is not None:
         table = prof.key_averages().table(sort_by=key, row_limit=80, max_name_column_width=100)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(f"speedrun bench --profile: {n} step(s), sorted by {key}\n\n{table}\n")

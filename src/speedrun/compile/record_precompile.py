@@ -121,9 +121,11 @@ def run_child(cfg, device: torch.device, world_size: int, steps: list[int], comp
                 batch = loader.next_step(plan.local_tokens, plan.max_doc_len, plan.max_docs)[0]
             loss(documents.to_device(batch, device), plan).backward()
             model.zero_grad(set_to_none=True)
+            peak = ""
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-            print(f"precompile: stage {plan.stage} (step {step}) in {time.time() - t0:.1f} s", flush=True)
+                peak = f", peak {torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB"
+            print(f"precompile: stage {plan.stage} (step {step}) in {time.time() - t0:.1f} s{peak}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
