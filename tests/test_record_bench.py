@@ -66,3 +66,14 @@ def test_a_whole_bench_of_the_demo(capsys, tmp_path):
     prof = result["profile"]
     assert prof["steps"] == 6 and prof["top"] and prof["idle"] is None  # a pair of each timed stage; no device
     assert "self_cpu_time_total" in (tmp_path / "prof.txt").read_text()
+
+
+def test_the_schedule_needs_every_stage_but_a_short_extension():
+    cfg = get_preset("proxy161")
+    bounds = stages.stage_ends(cfg.stages)
+    steps = [b - a for a, b in zip(bounds, bounds[1:])]
+    full = record_steps.schedule_seconds(cfg, {0: 100.0, 1: 200.0, 2: 300.0, 3: 400.0})
+    assert full == pytest.approx(sum(n * r for n, r in zip(steps, (100, 200, 300, 400))) / 1000)
+    no_extension = record_steps.schedule_seconds(cfg, {0: 100.0, 1: 200.0, 2: 300.0})
+    assert no_extension == pytest.approx(sum(n * r for n, r in zip(steps, (100, 200, 300, 300))) / 1000)
+    assert record_steps.schedule_seconds(cfg, {0: 100.0}) is None  # `--stages 0`: no schedule from one stage

@@ -7,7 +7,8 @@ the stage's start (the stage's graph compiles) and then times `--pairs` consecut
 pairs of steps, the device synchronised around each pair. A stage's ms per step is the mean over
 its pairs of half a pair's time; the schedule's time is the sum over stages of steps × that. The
 peak memory of each stage is the allocator's over its timed steps. `--profile FILE` then runs one
-pair of each stage again under the profiler (the kernels, and where the device sat idle).
+pair of each stage again under the profiler (the kernels, and where the device sat idle), and
+`--stages K...` times only those stages (each stage's graph compiles for minutes on empty caches).
 
 The tokens are random (no corpus needed); their document lengths are the corpus's when `--data DIR`
 names one (its first training shard's BOS gaps, resampled), otherwise geometric around 1,000 tokens.
@@ -92,16 +93,13 @@ def run(args, t_start: float) -> dict:
         trainer = RecordTrainer(cfg, info, tmp / "run", progress=False, t_start=t_start)
         result = {"preset": args.preset, "device": torch.cuda.get_device_name() if info.device.type == "cuda" else "cpu",
                   "world_size": info.world_size, "describe": trainer.describe(), "stages": []}
+        only = getattr(args, "stages", None)
         for k, steps in stage_steps(cfg, args.pairs):
-            if steps:
+            if steps and (only is None or k in only):
                 result["stages"].append(_time_stage(trainer, cfg, k, steps, t_start))
                 if info.is_main:  # a stage's line as soon as it is measured: compiling takes minutes
                     print(_stage_line(result["stages"][-1]), flush=True)
-    bounds, rate, total = stages.stage_ends(cfg.stages), {s["stage"]: s["ms_per_step"] for s in result["stages"]}, 0.0
-    for k, (start, end) in enumerate(zip(bounds, bounds[1:])):
-        # an untimed stage (too short for a pair) runs at the rate of the last timed one before it
-        total += (end - start) * (rate[k] if k in rate else rate[max(j for j in rate if j < k)]) / 1000
-    result["schedule_s"] = total
+    result["schedule_s"] = schedule_seconds(cfg, {s["stage"]: s["ms_per_step"] for s in result["stages"]})
     result["schedule_steps"] = cfg.stages.total_steps
     if getattr(args, "profile", None):
         result["profile"] = _profile(trainer, result["stages"], Path(args.profile) if info.is_main else None)
@@ -115,6 +113,18 @@ def _profile(trainer, measured: list[dict], path: Path | None) -> dict:
 
     steps = [s for st in measured for s in st["steps"][:2]]
     return profile_calls(lambda j: trainer.train_step(steps[j]), len(steps), trainer.device, path)
+
+
+def schedule_seconds(cfg: RecordRunConfig, rate: dict[int, float]) -> float | None:
+    """The schedule's time from the stages' ms per step; a stage too short for a timed pair runs at
+    the rate of the last timed one before it. None when a stage has no such rate (`--stages`)."""
+    total = 0.0
+    for k, (start, end) in enumerate(zip(stages.stage_ends(cfg.stages), stages.stage_ends(cfg.stages)[1:])):
+        known = [j for j in rate if j <= k]
+        if not known or (k not in rate and k < stages.N_STAGES - 1):
+            return None
+        total += (end - start) * rate[max(known)] / 1000
+    return total
 
 
 def _sync(device: torch.device) -> None:
@@ -162,5 +172,6 @@ def format_report(r: dict) -> str:
              f"{'stage':>5} {'tokens':>8} {'windows':>11} {'ms/step':>9} {'pair min/max ms':>17} {'peak GiB':>9} "
              f"{'compile s':>9}"]
     lines += [_stage_line(s) for s in r["stages"]]
-    lines.append(f"the {r['schedule_steps']}-step schedule at these rates: {r['schedule_s']:.1f} s")
+    if r["schedule_s"] is not None:
+        lines.append(f"the {r['schedule_steps']}-step schedule at these rates: {r['schedule_s']:.1f} s")
     return "\n".join(lines)

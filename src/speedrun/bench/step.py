@@ -951,6 +951,8 @@ def register(subparsers) -> None:
     p.add_argument("--json", metavar="FILE", help="also write every number as JSON")
     p.add_argument("--pairs", type=int, default=5,
                    help="the 2026 record's presets: timed (even, odd) step pairs per stage (default 5)")
+    p.add_argument("--stages", type=int, nargs="+", default=None, metavar="K",
+                   help="the 2026 record's presets: time only these stages (default all)")
     p.set_defaults(func=cmd_bench)
 
     w = subparsers.add_parser("warm", help="compile a preset and save the compile cache for later runs",
