@@ -1,5 +1,6 @@
 """What serves the 2026 record's seams on a CUDA GPU (`RecordGPT.kernels`): torch's FlashAttention
-varlen with a sliding window for `attend` and `dc_term`, `torch._scaled_mm` for the FP8 products.
+varlen with a sliding window for `attend` and `dc_term`, `torch._scaled_mm` for the FP8 products,
+the fused head loss (`record_ce`) for the training loss.
 
 The record's attention is, per packed document, causal with a token-exact window: query i sees keys
 i - w ... i. FlashAttention's varlen kernel computes exactly that with window (w, 0) and the
@@ -27,8 +28,10 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from speedrun.kernels.record_ce import fused_training_loss
 from speedrun.kernels.record_fp8 import scaled_product
 from speedrun.model.record import RecordKernels
+from speedrun.model.record_fp8 import reference_product
 from speedrun.model.record_parts import norm
 
 Attend = Callable[[Tensor, Tensor, Tensor, Tensor, int, float, int | None], Tensor]
@@ -82,9 +85,10 @@ def varlen_dc(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, w1: Tensor, w
 def pick(kernels: str, device: torch.device) -> RecordKernels:
     """What serves the record's seams for a run's `train.kernels` on `device`: the one place that
     chooses. The references (an empty `RecordKernels`) on the CPU, under `reference`, and where
-    torch has no varlen attention; FP8 products by `_scaled_mm` where the GPU has FP8."""
+    torch has no varlen attention; FP8 products by `_scaled_mm` where the GPU has FP8; the fused
+    head loss on every GPU."""
     if kernels == "reference" or device.type != "cuda" or _varlen() is None:
         return RecordKernels()
     fp8 = torch.cuda.get_device_capability(device) >= (8, 9)
-    return RecordKernels("varlen", varlen_attend, varlen_dc, scaled_product) if fp8 else \
-        RecordKernels("varlen", varlen_attend, varlen_dc)
+    return RecordKernels("varlen", varlen_attend, varlen_dc, scaled_product if fp8 else reference_product,
+                         fused_training_loss)

@@ -62,6 +62,10 @@ KERNELS = (
            "kernels/record_fp8.py: torch._scaled_mm (capability 8.9 and up)",
            "the same at capability 8.9 and up, else the reference", "model/record_fp8.py's reference_product",
            "tests/test_record_fp8_gpu.py"),
+    Kernel("record_loss.record_training_loss (the 2026 record's MTP and prefix head loss, bf16 logits)",
+           "kernels/record_ce.py: one Triton program a row, the gradient written in the forward",
+           "the same, where Triton runs", "model/record_loss.py's record_training_loss",
+           "tests/test_record_ce.py, tests/test_record_ce_gpu.py"),
     Kernel("DistAdam's update, Muon's momentum (optim/)", "optim/kernels.py", "optim/kernels.py",
            REFERENCE, "tests/test_optim_kernels.py"),
 )

@@ -62,12 +62,15 @@ class RecordKernels:
     attend(q, k, v, cu_seqlens, window, scale, longest) -> y, as `record_parts.reference_attention`;
     dc(q, k, v, cu_seqlens, w1, w2, scale, keys, eps, longest) -> the float32 term, as
     `record_parts.dc_correction`; fp8_product(a_f8, b_f8_t, scale, out_dtype), as
-    `record_fp8.reference_product`. The first two serve half-precision inputs only."""
+    `record_fp8.reference_product`; loss(z, targets_next, mtp_weights, prefix_weight, prefix) -> the
+    float32 sum, as `record_loss.record_training_loss`. attend, dc and loss serve half-precision
+    inputs only."""
 
     name: str = "reference"
     attend: Callable | None = None
     dc: Callable | None = None
     fp8_product: Product = reference_product
+    loss: Callable | None = None
 
 
 @dataclass(frozen=True)
@@ -649,7 +652,9 @@ class RecordGPT(nn.Module):
         """The summed MTP + prefix loss of the batch (`record_loss.record_training_loss`); targets
         (n,) are x[t+1]."""
         h = self(inputs, cu_seqlens, windows, attn_scale, freqs, rope=rope, dtype=dtype, longest=longest)
-        return record_training_loss(self.logits(h), targets.long(), mtp_weights, prefix_weight, prefix)
+        z = self.logits(h)
+        loss = self.kernels.loss if self.kernels.loss is not None and z.dtype in HALF else record_training_loss
+        return loss(z, targets.long(), mtp_weights, prefix_weight, prefix)
 
     def eval_loss(self, inputs: Tensor, targets: Tensor, cu_seqlens: Tensor, windows: tuple[int, int],
                   attn_scale: float, freqs: Tensor | None = None, *, rope: tuple[Tensor, Tensor] | None = None,
