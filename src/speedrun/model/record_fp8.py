@@ -101,8 +101,11 @@ Product = Callable[[Tensor, Tensor, Tensor, torch.dtype], Tensor]
 
 
 def _mm_bf16(x: Tensor, y: Tensor) -> Tensor:
-    """x · y of bf16 operands with fp32 accumulation, rounded once to bf16."""
-    return (x.to(F32) @ y.to(F32)).to(BF16)
+    """x · y of bf16 operands with fp32 accumulation, rounded once to bf16: torch's bf16 product,
+    which accumulates in float32. Never written as a float32 product of upcast operands: the same
+    numbers up to the order of accumulation, but on a GPU without tensor cores, about ten times
+    slower (it made the record's MLP backward most of its step, measured 2026-12-06)."""
+    return x.to(BF16) @ y.to(BF16)
 
 
 def saturating_e5m2(x: Tensor, cfg: Fp8Config = RECORD_FP8) -> Tensor:
@@ -238,9 +241,9 @@ def mlp_backward_bf16(g: Tensor, a: Tensor, w1: Tensor, w2: Tensor, post: Tensor
 def mlp_reference(a: Tensor, w1: Tensor, w2: Tensor) -> Tensor:
     """The bf16 MLP relu(a·W1ᵀ)²·W2 (spec "MLP"): the eval path and what FP8 is held to. Each
     product and the square are rounded to bf16; differentiable by autograd."""
-    pre = (a.to(F32) @ w1.to(F32).T).to(BF16)
+    pre = _mm_bf16(a, w1.T)
     post = pre.to(F32).relu().square().to(BF16)
-    return (post.to(F32) @ w2.to(F32)).to(BF16)
+    return _mm_bf16(post, w2)
 
 
 # ---------------------------------------------------------------- delayed scales
