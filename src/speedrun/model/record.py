@@ -240,6 +240,7 @@ class _Pass:
     bigram: Tensor | None = None
     gates: list[Tensor] = field(default_factory=list)  # pre-gate, then post-gate outputs (n, lanes)
     after: dict[int, Tensor] = field(default_factory=dict)  # residual after layer i; −1: cache0
+    ve: Tensor | None = None  # (tables, n, width): every value table's rows for the batch, one gather
 
 
 def _draw_uniform(shape: Sequence[int], bound: float, gen: torch.Generator) -> Tensor:
@@ -514,8 +515,15 @@ class RecordGPT(nn.Module):
         return F.relu(a @ w1.T).square() @ w2
 
     def _value_rows(self, k: int, ctx: _Pass) -> Tensor:
-        """Rows of value table k (of the five in `value_embeds`) for the batch's tokens."""
-        return self.value_embeds[k * self.cfg.vocab + ctx.tokens].to(ctx.dtype)
+        """Rows of value table k (of the five in `value_embeds`) for the batch's tokens. All tables'
+        rows come from one gather, made at the first call of a forward: its backward is one scatter
+        into one zeroed table-sized gradient, where a gather per use made one each (six, 386 MB
+        apiece at the record's size) and added them, every micro-step."""
+        if ctx.ve is None:
+            tables = self.value_embeds.shape[0] // self.cfg.vocab
+            offsets = torch.arange(tables, device=ctx.tokens.device)[:, None] * self.cfg.vocab
+            ctx.ve = self.value_embeds[offsets + ctx.tokens[None]]
+        return ctx.ve[k].to(ctx.dtype)
 
     def _value_aux(self, i: int, a: Tensor, ctx: _Pass) -> Tensor | None:
         """g_h·ve_h per head (n, H, D) with g = 2σ(G_k·[a[0:6], ve[0:6]]) on the VE layers, else None."""
