@@ -52,7 +52,7 @@ def test_corpus_lengths_are_the_bos_gaps(tmp_path):
 
 def test_a_whole_bench_of_the_demo(capsys, tmp_path):
     args = argparse.Namespace(preset="demo", overrides=["stages.val_every=0"], data="random", pairs=1,
-                              profile=str(tmp_path / "prof.txt"))
+                              stages=None, profile=str(tmp_path / "prof.txt"))
     result = record_steps.run(args, 0.0)
     timed = [s["stage"] for s in result["stages"]]
     assert timed == [0, 1, 2]  # the demo's one-step extension runs at stage 2's rate

@@ -93,15 +93,14 @@ def run(args, t_start: float) -> dict:
         trainer = RecordTrainer(cfg, info, tmp / "run", progress=False, t_start=t_start)
         result = {"preset": args.preset, "device": torch.cuda.get_device_name() if info.device.type == "cuda" else "cpu",
                   "world_size": info.world_size, "describe": trainer.describe(), "stages": []}
-        only = getattr(args, "stages", None)
         for k, steps in stage_steps(cfg, args.pairs):
-            if steps and (only is None or k in only):
+            if steps and (args.stages is None or k in args.stages):
                 result["stages"].append(_time_stage(trainer, cfg, k, steps, t_start))
                 if info.is_main:  # a stage's line as soon as it is measured: compiling takes minutes
                     print(_stage_line(result["stages"][-1]), flush=True)
     result["schedule_s"] = schedule_seconds(cfg, {s["stage"]: s["ms_per_step"] for s in result["stages"]})
     result["schedule_steps"] = cfg.stages.total_steps
-    if getattr(args, "profile", None):
+    if args.profile:
         result["profile"] = _profile(trainer, result["stages"], Path(args.profile) if info.is_main else None)
     return result
 

@@ -29,10 +29,10 @@ import torch
 from torch import Tensor
 
 from speedrun.kernels.choice import built_once
+from speedrun.model.record_parts import SOFTCAP
 
 MAX_TERMS = 4  # MTP terms the kernel takes (the record has at most 3)
 BLOCK_V = 2048
-CAP, SHIFT, DIVISOR = 23.0, 5.0, 7.5  # record_parts.softcap's constants
 
 triton = tl = None  # set by built_once on first use
 _mtp_ce_kernel = _term = _term_loss = None
@@ -117,11 +117,12 @@ def launch(z: Tensor, targets_next: Tensor, weights: Tensor, prefix_weight: Tens
     if z.stride(-1) != 1:
         z = z.contiguous()
     n, V = z.shape
+    cap, shift, divisor = SOFTCAP
     losses = torch.empty(n, dtype=torch.float32, device=z.device)
     grad = torch.empty((n, V) if want_grad else (0,), dtype=z.dtype, device=z.device)
     if n:
         kernel[(n,)](z, targets_next.contiguous(), prefix, weights.contiguous(), prefix_weight, losses, grad, n,
-                     z.stride(0), grad.stride(0) if want_grad else 0, CAP, SHIFT, 1.0 / DIVISOR,
+                     z.stride(0), grad.stride(0) if want_grad else 0, cap, shift, 1.0 / divisor,
                      V=V, K=weights.numel(), HAS_PREFIX=has_prefix, WRITE_GRAD=want_grad, BLOCK=BLOCK_V,
                      num_warps=8)
     return losses, grad
@@ -162,11 +163,10 @@ def fused_training_loss(z: Tensor, targets_next: Tensor, mtp_weights: Sequence[f
                         prefix_weight: float | Tensor, prefix: Tensor) -> Tensor:
     """`record_loss.record_training_loss` through the kernel: the same arguments, the same float32 sum."""
     dev = z.device
-    w = mtp_weights if isinstance(mtp_weights, Tensor) else torch.tensor(list(mtp_weights), dtype=torch.float32,
-                                                                          device=dev)
+    w = torch.as_tensor(mtp_weights, dtype=torch.float32, device=dev)
     has_prefix = isinstance(prefix_weight, Tensor) or bool(prefix_weight)
-    pi = prefix_weight if isinstance(prefix_weight, Tensor) else torch.tensor(float(prefix_weight), device=dev)
+    pi = torch.as_tensor(prefix_weight, dtype=torch.float32, device=dev).reshape(1)
     want_grad = torch.is_grad_enabled() and z.requires_grad
-    losses, _ = torch.ops.speedrun.record_mtp_ce(z, targets_next.long(), w.float(), pi.float().reshape(1),
-                                                 prefix.to(device=dev, dtype=torch.int64), has_prefix, want_grad)
+    losses, _ = torch.ops.speedrun.record_mtp_ce(z, targets_next.long(), w, pi, prefix.to(device=dev, dtype=torch.int64),
+                                                 has_prefix, want_grad)
     return losses.sum()

@@ -35,7 +35,10 @@ def norm(z: Tensor, eps: float = 1.1920928955078125e-07) -> Tensor:
     return (zf * torch.rsqrt(zf.square().mean(-1, keepdim=True) + eps)).to(z.dtype)
 
 
-def softcap(z: Tensor, cap: float = 23.0, shift: float = 5.0, divisor: float = 7.5) -> Tensor:
+SOFTCAP = (23.0, 5.0, 7.5)  # (cap, shift, divisor) of the head's softcap; the fused loss kernel reads them
+
+
+def softcap(z: Tensor, cap: float = SOFTCAP[0], shift: float = SOFTCAP[1], divisor: float = SOFTCAP[2]) -> Tensor:
     """The head's logit softcap (spec "Head and loss"): cap·σ((z + shift)/divisor), in float32 (float64
     input stays float64, so that gradient checks can run in double precision)."""
     z = z.to(torch.promote_types(z.dtype, torch.float32))
