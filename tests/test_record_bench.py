@@ -4,8 +4,10 @@ random documents' lengths, and a whole bench of the CPU demo preset with its rep
 from __future__ import annotations
 
 import argparse
+from types import SimpleNamespace
 
 import numpy as np
+import torch
 import pytest
 
 from speedrun.bench import record_steps
@@ -50,9 +52,9 @@ def test_corpus_lengths_are_the_bos_gaps(tmp_path):
         record_steps.corpus_doc_lengths(str(tmp_path), "fineweb_train_*.bin")
 
 
-def test_a_whole_bench_of_the_demo(capsys, tmp_path):
+def test_a_whole_bench_of_the_demo(capsys):
     args = argparse.Namespace(preset="demo", overrides=["stages.val_every=0"], data="random", pairs=1,
-                              stages=None, profile=str(tmp_path / "prof.txt"))
+                              stages=None, profile=None)
     result = record_steps.run(args, 0.0)
     timed = [s["stage"] for s in result["stages"]]
     assert timed == [0, 1, 2]  # the demo's one-step extension runs at stage 2's rate
@@ -63,8 +65,16 @@ def test_a_whole_bench_of_the_demo(capsys, tmp_path):
     want = sum((b - a) * r for a, b, r in zip(bounds, bounds[1:], rates)) / 1000
     assert result["schedule_s"] == pytest.approx(want)
     assert "the 100-step schedule at these rates" in record_steps.format_report(result)
-    prof = result["profile"]
-    assert prof["steps"] == 6 and prof["top"] and prof["idle"] is None  # a pair of each timed stage; no device
+
+
+def test_the_profile_runs_the_first_pair_of_each_measured_stage(tmp_path):
+    """A stand-in trainer: profiling whole demo steps on the CPU records millions of events (13 GiB)."""
+    calls = []
+    trainer = SimpleNamespace(device=torch.device("cpu"),
+                              train_step=lambda s: calls.append(s) or torch.ones(64, 64) @ torch.ones(64, 64))
+    prof = record_steps._profile(trainer, [{"steps": [2, 3, 4, 5]}, {"steps": [12, 13]}], tmp_path / "prof.txt")
+    assert calls == [2, 3, 12, 13]
+    assert prof["steps"] == 4 and prof["top"] and prof["idle"] is None  # no device on the CPU
     assert "self_cpu_time_total" in (tmp_path / "prof.txt").read_text()
 
 
