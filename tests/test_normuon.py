@@ -413,3 +413,12 @@ def test_config_defaults_are_the_records():
         NorMuon([torch.nn.Parameter(torch.zeros(2, 4, 4))])  # an fp32 bank has no mantissa to split
     with pytest.raises(ValueError):
         NorMuon([dict(params=[torch.nn.Parameter(torch.zeros(4, 4, 4, dtype=torch.bfloat16))], matrix_lr_mul=(1.0,))])
+
+
+def test_host_to_device_gives_the_values_in_the_dtype():
+    """The step sizes reach the device as torch.tensor would make them (float32-rounded Python floats)."""
+    from speedrun.data.transfer import host_to_device
+
+    etas = matrix_step_sizes(0.023 * 0.37, 3072, 768, mlp_matrix_lr_mul(2))
+    got = host_to_device(etas, torch.float32, torch.device("cpu"))
+    assert got.dtype == torch.float32 and torch.equal(got, torch.tensor(etas, dtype=torch.float32))

@@ -51,6 +51,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
+from speedrun.data.transfer import host_to_device
 from speedrun.optim.muon import Collectives, Pending, done
 from speedrun.optim.polar_express import polar_express
 from speedrun.optim.saved_state import restore_as_saved
@@ -135,8 +136,6 @@ def cautious_update(master: Tensor, update: Tensor, eta: Tensor | float, decay: 
     eta broadcasts over the stack (one value per matrix); decay = wd·lr.
     """
     X = update.to(torch.float32)
-    eta = torch.as_tensor(eta, dtype=torch.float32, device=master.device)
-    decay = torch.as_tensor(decay, dtype=torch.float32, device=master.device)
     keep = (X * master) >= 0
     return master - master * keep * decay * eta - X * eta
 
@@ -171,7 +170,7 @@ def normuon_update(weight: Tensor, grad: Tensor, state: dict, *, lr: float, mome
     u = nesterov(grad, state["momentum_buffer"], momentum)
     X = variance_reduce(polar_express(u), state["second_momentum_buffer"], beta2, var_eps)
     etas = matrix_step_sizes(lr, rows, cols, matrix_lr_mul)
-    eta = torch.tensor(etas, dtype=torch.float32, device=weight.device).view(-1, 1, 1)
+    eta = host_to_device(etas, torch.float32, weight.device).view(-1, 1, 1)
     master = cautious_update(join_master(weight, state["mantissa"]), X, eta, weight_decay * lr)
     high, low = split_master(master)
     weight.copy_(high)

@@ -19,6 +19,7 @@ import torch
 
 from speedrun.config import RecordRunConfig
 from speedrun.data import documents
+from speedrun.data.transfer import host_to_device
 from speedrun.data.tokenizer import get_encoding
 from speedrun.kernels import record_attention
 from speedrun.model import record_parts
@@ -88,12 +89,13 @@ class MicroLoss:
 
     def weights(self, plan: stages.StepPlan) -> tuple[torch.Tensor, torch.Tensor | float]:
         """MTP weights as a tensor; π as a tensor in the stages that have a prefix term, else 0. Made
-        once a step (its micro-steps share them): two host-to-device copies a step, not two a micro-step."""
+        once a step (its micro-steps share them): two host-to-device copies a step, not two a micro-step,
+        both queued behind the device's work (`host_to_device`)."""
         if self._weights is None or self._weights[0] != plan.step:
             st, k = self.cfg.stages, plan.stage
-            mtp = torch.tensor(plan.mtp_weights, dtype=torch.float32, device=self.device)
+            mtp = host_to_device(plan.mtp_weights, torch.float32, self.device)
             has_prefix = st.prefix_start[k] or st.prefix_end[k]
-            pi = torch.tensor(plan.prefix_weight, device=self.device) if has_prefix else 0.0
+            pi = host_to_device(plan.prefix_weight, torch.float32, self.device) if has_prefix else 0.0
             self._weights = plan.step, (mtp, pi)
         return self._weights[1]
 
