@@ -68,6 +68,8 @@ KERNELS = (
            "tests/test_record_ce.py, tests/test_record_ce_gpu.py"),
     Kernel("DistAdam's update, Muon's momentum (optim/)", "optim/kernels.py", "optim/kernels.py",
            REFERENCE, "tests/test_optim_kernels.py"),
+    Kernel("record_adam.adam_update (the 2026 record's Adam, cautious lr² decay)", "optim/kernels.py",
+           "optim/kernels.py", REFERENCE, "tests/test_record_adam.py"),
 )
 
 

@@ -43,14 +43,14 @@ KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 
 triton = tl = None  # set by built_once on first use
 _INTERPRETED = False
-_rne_bf16 = _rounded = _lerp = _adam_kernel = _momentum_kernel = None
+_rne_bf16 = _rounded = _lerp = _adam_kernel = _momentum_kernel = _record_adam_kernel = None
 
 
 @built_once
 def _build_kernels(interpreted: bool):
     """Define the kernels (once, `built_once`); interpreted: TRITON_INTERPRET=1 now."""
     global _INTERPRETED, _rne_bf16, _rounded, _lerp  # module globals: the
-    global _adam_kernel, _momentum_kernel  # interpreter re-executes the source with them
+    global _adam_kernel, _momentum_kernel, _record_adam_kernel  # interpreter re-executes the source with them
     _INTERPRETED = interpreted
 
     _rne_bf16 = bf16_rounding.build()  # called from the kernels below through this module's globals
@@ -110,7 +110,25 @@ def _build_kernels(interpreted: bool):
         tl.store(B + offs, b, mask=ok)
         tl.store(U + offs, u.to(tl.bfloat16), mask=ok)
 
-    return _adam_kernel, _momentum_kernel
+    @triton.jit
+    def _record_adam_kernel(P, G, M, V, N, beta1, w1, beta2, w2, eps, step_size, decay, BLOCK: tl.constexpr,
+                            DECAY: tl.constexpr, BF16: tl.constexpr, EMULATE_RNE: tl.constexpr):
+        """One block of record_adam.adam_update: p (its dtype), exp_avg (M), exp_avg_sq (V) (float32)."""
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        ok = offs < N
+        p = tl.load(P + offs, mask=ok, other=0.0).to(tl.float32)
+        g = tl.load(G + offs, mask=ok, other=0.0).to(tl.float32)
+        m = tl.fma(w1, g, tl.load(M + offs, mask=ok, other=0.0) * beta1)
+        v = tl.fma(w2, g * g, tl.load(V + offs, mask=ok, other=0.0) * beta2)
+        u = tl.div_rn(m, tl.sqrt_rn(v) + eps) * step_size
+        if DECAY:
+            u = u + tl.where(u * p > 0, decay * p, 0.0)
+        p = _rounded(p - u, BF16, EMULATE_RNE)
+        tl.store(P + offs, p.to(P.dtype.element_ty), mask=ok)
+        tl.store(M + offs, m, mask=ok)
+        tl.store(V + offs, v, mask=ok)
+
+    return _adam_kernel, _momentum_kernel, _record_adam_kernel
 
 
 # --------------------------------------------------------------------------- Adam
@@ -151,7 +169,7 @@ def adam_step(p: Tensor, g: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, step: f
         return
     if not TRITON_FOUND:
         raise RuntimeError("adam_step impl='triton' needs Triton installed")
-    kernel, _ = _build_kernels()
+    kernel = _build_kernels()[0]
     beta1, beta2 = betas
     n = p.numel()
     if not n:
@@ -182,7 +200,7 @@ def momentum_step(grads: Tensor, bufs: Tensor, momentum: float, impl: str = "aut
         return momentum_reference(grads, bufs, momentum)
     if not TRITON_FOUND:
         raise RuntimeError("momentum_step impl='triton' needs Triton installed")
-    _, kernel = _build_kernels()
+    kernel = _build_kernels()[1]
     update = torch.empty(grads.shape, dtype=torch.bfloat16, device=grads.device)
     n = grads.numel()
     if n:
@@ -191,3 +209,31 @@ def momentum_step(grads: Tensor, bufs: Tensor, momentum: float, impl: str = "aut
                                          SMALL_BUF=abs(w_buf) < 0.5, SMALL_NESTEROV=abs(w_nesterov) < 0.5,
                                          EMULATE_RNE=_INTERPRETED, num_warps=NUM_WARPS)
     return update
+
+
+# --------------------------------------------------------------------------- the 2026 record's Adam
+
+
+def record_adam_fits(p: Tensor, g: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor) -> bool:
+    """The record Adam kernel's contract: p and g of one kernel dtype, float32 moments, all contiguous
+    and of one size on one CUDA device or under the interpreter."""
+    return (p.dtype in KERNEL_DTYPES and g.dtype == p.dtype and exp_avg.dtype == exp_avg_sq.dtype == torch.float32
+            and all(t.is_contiguous() and t.numel() == p.numel() and t.device == p.device
+                    for t in (g, exp_avg, exp_avg_sq)))
+
+
+def record_adam_kernel_step(p: Tensor, g: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, *, beta1: float,
+                            beta2: float, eps: float, step_size: float, decay: float) -> None:
+    """`record_adam.adam_update`'s arithmetic in one pass (the caller counts the step and checks
+    `record_adam_fits`). Each eager operation is one rounding here too, and the multiply-adds are
+    PyTorch's add(alpha) and addcmul compute (β·m + (1−β)·g, and β2·v + (1−β2)·(g·g), both rounding
+    once); Triton's own contraction is off, so no other product and sum fuse."""
+    if not TRITON_FOUND:
+        raise RuntimeError("the record Adam kernel needs Triton installed")
+    kernel = _build_kernels()[2]
+    n = p.numel()
+    if n:
+        kernel[(triton.cdiv(n, BLOCK),)](
+            p, g, exp_avg, exp_avg_sq, n, _f32(beta1), _f32(1 - beta1), _f32(beta2), _f32(1 - beta2), _f32(eps),
+            _f32(step_size), _f32(decay), BLOCK=BLOCK, DECAY=decay != 0, BF16=p.dtype == torch.bfloat16,
+            EMULATE_RNE=_INTERPRETED and p.dtype == torch.bfloat16, num_warps=NUM_WARPS, enable_fp_fusion=False)

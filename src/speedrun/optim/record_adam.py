@@ -50,6 +50,7 @@ from typing import Iterable, Mapping
 import torch
 from torch import Tensor
 
+from speedrun.optim.kernels import IMPLS, pick_impl, record_adam_fits, record_adam_kernel_step
 from speedrun.optim.muon import Collectives, Pending, done
 from speedrun.optim.saved_state import restore_as_saved
 
@@ -131,13 +132,21 @@ def cautious_decay(update: Tensor, param: Tensor, decay: float) -> Tensor:
 
 
 def adam_update(param: Tensor, grad: Tensor, state: dict, *, lr: float, beta1: float, beta2: float,
-                eps: float, weight_decay: float, wd_mul: float) -> None:
+                eps: float, weight_decay: float, wd_mul: float, impl: str = "torch") -> None:
     """One step on `param` in place: moments in fp32, the update in fp32, P − u rounded once to P's dtype.
 
     state: "step" (int, counted here), "exp_avg", "exp_avg_sq" (fp32, param's shape).
     lr is the parameter's own rate (lr_mul included); the decay is lr²·weight_decay·wd_mul.
+    impl: "torch" (the eager operations below, the reference) | "triton" | "auto" (the same
+    arithmetic in one kernel pass, optim/kernels.py, on CUDA tensors that fit it).
     """
     state["step"] += 1
+    m, v = state["exp_avg"], state["exp_avg_sq"]
+    if pick_impl(param, impl) == "triton" and record_adam_fits(param, grad, m, v):
+        record_adam_kernel_step(param, grad, m, v, beta1=beta1, beta2=beta2, eps=eps,
+                                step_size=step_size(lr, beta1, beta2, state["step"]),
+                                decay=lr * lr * weight_decay * wd_mul)
+        return
     update_moments(state["exp_avg"], state["exp_avg_sq"], grad, beta1, beta2)
     u = state["exp_avg"] / (state["exp_avg_sq"].sqrt() + eps) * step_size(lr, beta1, beta2, state["step"])
     u = cautious_decay(u, param, lr * lr * weight_decay * wd_mul)
@@ -169,6 +178,8 @@ class RecordAdam(torch.optim.Optimizer):
             stage-3 start | 1; `speedrun.train.stages.split_step`); None: never.
         process_group: the group to shard over (None: the default group, if
             initialised). Construct the optimiser after init_process_group.
+        kernel: "torch" | "triton" | "auto": the update as eager operations or
+            one kernel pass per tensor (`adam_update`; "auto": the kernel on CUDA).
 
     Call `step(step=n)` at every training step n. The gradients are consumed
     (set to None) at every step: an even step keeps them in the state.
@@ -176,7 +187,10 @@ class RecordAdam(torch.optim.Optimizer):
 
     def __init__(self, params, lr: float = 0.008, eps: float = 1e-10, weight_decay: float = 0.005, *,
                  embed: Tensor | None = None, lm_head: Tensor | None = None, split_step: int | None = None,
-                 process_group=None):
+                 process_group=None, kernel: str = "torch"):
+        if kernel not in IMPLS:
+            raise ValueError(f"RecordAdam kernel must be one of {IMPLS}, got {kernel!r}")
+        self.kernel = kernel
         self.comm = Collectives(process_group)
         defaults = dict(lr=lr, eps=eps, weight_decay=weight_decay, betas=None, lr_mul=None, wd_mul=None)
         super().__init__(params, defaults)
@@ -263,7 +277,8 @@ class RecordAdam(torch.optim.Optimizer):
             self.state[p].update(new_state(mine))
         beta1, beta2 = group["betas"]
         adam_update(mine, reduced.wait(), self.state[p], lr=group["lr"] * group["lr_mul"], beta1=beta1,
-                    beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"], wd_mul=group["wd_mul"])
+                    beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"], wd_mul=group["wd_mul"],
+                    impl=self.kernel)
         return self.comm.all_gather(full, mine) if self._sharded(p) else None
 
     # --- the step --------------------------------------------------------------
@@ -363,13 +378,14 @@ def record_adam_groups(named_params: Mapping[str, Tensor] | Iterable[tuple[str, 
 
 def build_record_adam(named_params: Mapping[str, Tensor], cfg: RecordAdamConfig = RecordAdamConfig(),
                       split_step: int | None = None, lr_multiplier: float = 1.0,
-                      process_group=None) -> RecordAdam:
+                      process_group=None, kernel: str = "torch") -> RecordAdam:
     """RecordAdam over the named parameters at cfg's constants, embed and lm_head tied if both are present.
 
-    lr_multiplier is s at the first step (the caller rewrites group["lr"] = cfg.lr·s(step) every step).
+    lr_multiplier is s at the first step (the caller rewrites group["lr"] = cfg.lr·s(step) every step);
+    kernel as RecordAdam's (a run passes `kernels.table.impl(train.kernels)`).
     """
     tie = "embed" in named_params and "lm_head" in named_params
     return RecordAdam(record_adam_groups(named_params, cfg), lr=cfg.lr * lr_multiplier, eps=cfg.eps,
                       weight_decay=cfg.weight_decay, embed=named_params["embed"] if tie else None,
                       lm_head=named_params["lm_head"] if tie else None, split_step=split_step,
-                      process_group=process_group)
+                      process_group=process_group, kernel=kernel)

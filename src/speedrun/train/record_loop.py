@@ -34,6 +34,7 @@ from speedrun.compile.session import PlainSession
 from speedrun.config import RecordRunConfig
 from speedrun.data import documents
 from speedrun.data.shards import check_vocab
+from speedrun.kernels import table as kernel_table
 from speedrun.compile import record_precompile
 from speedrun.model.record import RecordGPT, count_parameters
 from speedrun.optim.normuon import build_normuon
@@ -116,7 +117,8 @@ class RecordTrainer(Trainer):
         banks, others = split_parameters(self.model)
         st = self.cfg.stages
         muon = build_normuon(*banks.values(), self.cfg.normuon, momentum=stages.muon_momentum(st, 0))
-        adam = build_record_adam(others, self.cfg.adam, split_step=stages.split_step(st))
+        adam = build_record_adam(others, self.cfg.adam, split_step=stages.split_step(st),
+                                 kernel=kernel_table.impl(self.cfg.train.kernels))
         return [muon, adam]
 
     def _refresh_fp8(self, after_step: int) -> None:
