@@ -18,6 +18,9 @@ Here each is one kernel that reads every input once and writes every output once
   float32 the two agree to the last bit or nearly (the GPU test counts the differing elements).
 - `momentum_step`: the stacked gradients G and the stacked buffers B in; B ← lerp(B, G, 1 − μ) and
   the Nesterov update lerp(G, B, μ) written once, in bfloat16, the dtype Newton–Schulz reads.
+- `record_adam_kernel_step`: the 2026 record's Adam (`record_adam.adam_update`: float32 moments,
+  the cautious lr² decay, P − u rounded once) in one pass, with Triton's own multiply-add
+  contraction off so that each eager operation is one rounding here too.
 
 "torch" is the reference (the eager operations, the tests' ground truth), "triton" the kernels (CUDA,
 or a CPU under TRITON_INTERPRET=1, whose float32 → bfloat16 conversion truncates: the kernels then

@@ -40,6 +40,9 @@ Why it is built this way:
   each rank its own rows of the transpose.
 * A parameter with neither a gradient nor a pending sum is skipped (every
   rank must agree on that, as with NorMuon).
+* The update is about nineteen eager passes over a tensor; `kernel` ("auto"
+  from `train.kernels`) runs the same arithmetic as one Triton pass per
+  tensor on CUDA (optim/kernels.py), held to the eager form by tests.
 """
 
 from __future__ import annotations
