@@ -6,7 +6,7 @@
 #   bench      `speedrun bench --preset record --data .proxy161`: ms a step in each stage, then one pair of
 #              each stage under the profiler (the documents bound raised as proxy161's: the proxy's
 #              documents are shorter than FineWeb's)
-#   tests      the record's GPU tests (attention, FP8)
+#   tests      the record's GPU tests (attention, FP8, the fused loss, Adam's kernel), their printed shares
 # e.g. `record_runs.sh 161:0 161:1 bench`. Carry .proxy161 or .proxy322 (scripts/bench/record_carry_sets.py
 # makes them). LIMIT (seconds, default 560) bounds the whole call: an item that would start too late is
 # skipped, and the one running at the limit is stopped, so the results are always packed before the
@@ -33,7 +33,7 @@ item() {
              --profile "$RES/profile-record.txt" > "$RES/bench-record.log" 2>&1
            grep -v '^\s*$' "$RES/bench-record.log" | tail -12 ;;
     tests) timeout "$(left)" python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_record_attention_gpu.py \
-             tests/test_record_fp8_gpu.py tests/test_record_ce_gpu.py > "$RES/gpu-tests.log" 2>&1; tail -3 "$RES/gpu-tests.log" ;;
+             tests/test_record_fp8_gpu.py tests/test_record_ce_gpu.py tests/test_record_adam.py -s > "$RES/gpu-tests.log" 2>&1; tail -3 "$RES/gpu-tests.log" ;;
     *) echo "usage: $0 161:SEED | 322 | bench | tests ..."; exit 2 ;;
   esac
 }
