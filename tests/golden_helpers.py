@@ -11,6 +11,7 @@ between two runs of its own.
 from __future__ import annotations
 
 import json
+import platform
 import sys
 import tempfile
 from pathlib import Path
@@ -67,13 +68,29 @@ def load(name: str) -> dict:
 
 
 def machine() -> dict:
-    """What the bits depend on besides the code."""
+    """What the bits depend on besides the code. On a CPU that includes the processor's family and model:
+    the BLAS picks its kernels by microarchitecture, so two "AVX512" machines add in different orders
+    (an Emerald Rapids, family 6 model 207, moved the demo's third loss by 5e-7 of it against the
+    machine that recorded it; measured 2026-12-06)."""
     import triton
 
     if torch.cuda.is_available():
         return {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}
-    return {"cpu": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__,
+    return {"cpu": torch.backends.cpu.get_cpu_capability(), "cpu_model": _cpu_model(), "torch": torch.__version__,
             "threads": torch.get_num_threads()}
+
+
+def _cpu_model() -> str:
+    """"vendor family model" from /proc/cpuinfo (Linux), else what `platform` knows."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return f"{platform.machine()} {platform.processor()}"
+    fields = {}
+    for line in lines:
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    return " ".join(fields.get(k, "?") for k in ("vendor_id", "cpu family", "model"))
 
 
 def merge(first: dict, second: dict) -> dict:
@@ -90,6 +107,9 @@ def _usage() -> None:
 if __name__ == "__main__":
     args = sys.argv[1:]
     if len(args) >= 4 and args[0] == "run":
+        # As the test does: setting the count (even to its default) also sets the BLAS's own thread
+        # count, which can otherwise differ and add in another order (measured 2026-12-06).
+        torch.set_num_threads(torch.get_num_threads())
         out = figures(args[2], int(args[3]), args[4:])
         Path(args[1]).write_text(json.dumps({**out, "machine": machine()}, indent=1) + "\n")
     elif len(args) == 4 and args[0] == "merge":
