@@ -220,9 +220,8 @@ def momentum_step(grads: Tensor, bufs: Tensor, momentum: float, impl: str = "aut
 def record_adam_fits(p: Tensor, g: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor) -> bool:
     """The record Adam kernel's contract: p and g of one kernel dtype, float32 moments, all contiguous
     and of one size on one CUDA device or under the interpreter."""
-    return (p.dtype in KERNEL_DTYPES and g.dtype == p.dtype and exp_avg.dtype == exp_avg_sq.dtype == torch.float32
-            and all(t.is_contiguous() and t.numel() == p.numel() and t.device == p.device
-                    for t in (g, exp_avg, exp_avg_sq)))
+    return (_fits(p, g) and _fits(exp_avg, exp_avg_sq) and exp_avg.dtype == torch.float32
+            and exp_avg.numel() == p.numel() and exp_avg.device == p.device)
 
 
 def record_adam_kernel_step(p: Tensor, g: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, *, beta1: float,

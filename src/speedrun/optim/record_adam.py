@@ -145,14 +145,12 @@ def adam_update(param: Tensor, grad: Tensor, state: dict, *, lr: float, beta1: f
     """
     state["step"] += 1
     m, v = state["exp_avg"], state["exp_avg_sq"]
+    size, decay = step_size(lr, beta1, beta2, state["step"]), lr * lr * weight_decay * wd_mul
     if pick_impl(param, impl) == "triton" and record_adam_fits(param, grad, m, v):
-        record_adam_kernel_step(param, grad, m, v, beta1=beta1, beta2=beta2, eps=eps,
-                                step_size=step_size(lr, beta1, beta2, state["step"]),
-                                decay=lr * lr * weight_decay * wd_mul)
+        record_adam_kernel_step(param, grad, m, v, beta1=beta1, beta2=beta2, eps=eps, step_size=size, decay=decay)
         return
-    update_moments(state["exp_avg"], state["exp_avg_sq"], grad, beta1, beta2)
-    u = state["exp_avg"] / (state["exp_avg_sq"].sqrt() + eps) * step_size(lr, beta1, beta2, state["step"])
-    u = cautious_decay(u, param, lr * lr * weight_decay * wd_mul)
+    update_moments(m, v, grad, beta1, beta2)
+    u = cautious_decay(m / (v.sqrt() + eps) * size, param, decay)
     param.copy_(param.to(u.dtype) - u)
 
 
