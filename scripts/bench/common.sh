@@ -22,7 +22,7 @@ collect() {  # tar the small files of every run under /tmp/runs and the results 
   # weights and files being written (.tmp-step_*/, *.tmp) stay out: a tar that catches one mid-write can
   # run past the call's limit
   (cd /tmp && tar czf "$OUT/results.tar.gz" --exclude='*.safetensors' --exclude='*.tmp' --exclude='.tmp-*' \
-    --exclude='checkpoints' runs speedrun-results 2>/dev/null)
+    --exclude='checkpoints' --exclude='*.trace.json.gz' runs speedrun-results 2>/dev/null)
 }
 
 gpus_csv() {  # the GPUs, driver and maximum SM clock into $RES/${1:-gpus}.csv

@@ -1,6 +1,12 @@
 """What serves the 2026 record's seams on a CUDA GPU (`RecordGPT.kernels`): torch's FlashAttention
 varlen with a sliding window for `attend` and `dc_term`, `torch._scaled_mm` for the FP8 products,
-the fused head loss (`record_ce`) for the training loss.
+the fused head loss (`record_ce`) for the training loss, and on Hopper the ReLU² kernels of
+`relu2_mlp` for the MLP where it runs in bf16 (evaluation, or training with `fp8.mlp` off).
+
+The record's bf16 MLP is the 2025 model's function with W2 stored transposed: relu(a·W1ᵀ)² rounded
+to bf16, its backward dpre = 2·(g·W2ᵀ)·√post with relu(pre) recovered from post (spec "FP8", the
+MLP backward). `relu2_mlp`'s kernels compute exactly that with the square in the forward product's
+epilogue and the derivative in the backward's, so neither the pre-activation nor g·W2ᵀ is written.
 
 The record's attention is, per packed document, causal with a token-exact window: query i sees keys
 i - w ... i. FlashAttention's varlen kernel computes exactly that with window (w, 0) and the
@@ -28,6 +34,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from speedrun.kernels import relu2_mlp
 from speedrun.kernels.record_ce import fused_training_loss
 from speedrun.kernels.record_fp8 import scaled_product
 from speedrun.model.record import RecordKernels
@@ -82,13 +89,20 @@ def varlen_dc(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, w1: Tensor, w
     return dc_by_attention(varlen_attend, q, k, v, cu_seqlens, w1, w2, scale, keys, eps, longest)
 
 
+def relu2_product(a: Tensor, w1: Tensor, w2: Tensor, impl: str = "auto") -> Tensor:
+    """relu(a·W1ᵀ)²·W2 in bf16 by `relu2_mlp` (module docstring): a (n, width), W1 and W2 (hidden,
+    width) as the bank holds them; the kernel takes W2ᵀ. impl as `relu2_mlp.pick`."""
+    return relu2_mlp.relu2_mlp(a, w1, w2.T, impl)
+
+
 def pick(kernels: str, device: torch.device) -> RecordKernels:
     """What serves the record's seams for a run's `train.kernels` on `device`: the one place that
     chooses. The references (an empty `RecordKernels`) on the CPU, under `reference`, and where
     torch has no varlen attention; FP8 products by `_scaled_mm` where the GPU has FP8; the fused
-    head loss on every GPU."""
+    head loss on every GPU; the bf16 MLP's kernels where they run (capability 9.0)."""
     if kernels == "reference" or device.type != "cuda" or _varlen() is None:
         return RecordKernels()
-    fp8 = torch.cuda.get_device_capability(device) >= (8, 9)
+    capability = torch.cuda.get_device_capability(device)
+    fp8, hopper = capability >= (8, 9), capability[0] == 9 and relu2_mlp.TRITON_FOUND
     return RecordKernels("varlen", varlen_attend, varlen_dc, scaled_product if fp8 else reference_product,
-                         fused_training_loss)
+                         fused_training_loss, relu2_product if hopper else None)

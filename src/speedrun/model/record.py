@@ -21,7 +21,8 @@ generators, layer map, attention sublayer, paired heads, MLP, layer 10, output, 
   casts the spec makes part of the function are made in every dtype: resid/post lambdas and the
   gate scale γ are rounded to bf16 before use, so an fp32 run computes the same function.
 - The seams a fast path replaces are named model functions: `attend` (varlen windowed attention),
-  `dc_term` (layer 10's DC correction) and the FP8 product behind `mlp` and `logits`. What serves
+  `dc_term` (layer 10's DC correction), the FP8 product behind `mlp` and `logits`, and `mlp` itself
+  where it runs in bf16 (the eval forward, or training with the MLP's FP8 off). What serves
   them on a device is one `RecordKernels` value (`kernels`), which `kernels/record_attention.pick`
   chooses in one place; its empty default is the plain-PyTorch reference, which the CPU, float32
   and `train.kernels=reference` keep. The model imports no kernel. FP8 is the record's training
@@ -63,14 +64,16 @@ class RecordKernels:
     dc(q, k, v, cu_seqlens, w1, w2, scale, keys, eps, longest) -> the float32 term, as
     `record_parts.dc_correction`; fp8_product(a_f8, b_f8_t, scale, out_dtype), as
     `record_fp8.reference_product`; loss(z, targets_next, mtp_weights, prefix_weight, prefix) -> the
-    float32 sum, as `record_loss.record_training_loss`. attend, dc and loss serve half-precision
-    inputs only."""
+    float32 sum, as `record_loss.record_training_loss`; mlp(a, w1, w2) -> relu(a·W1ᵀ)²·W2, the bf16
+    MLP where FP8 does not serve it, as `record_fp8.mlp_reference`. attend, dc and loss serve
+    half-precision inputs only, mlp bfloat16 only."""
 
     name: str = "reference"
     attend: Callable | None = None
     dc: Callable | None = None
     fp8_product: Product = reference_product
     loss: Callable | None = None
+    mlp: Callable | None = None
 
 
 @dataclass(frozen=True)
@@ -512,6 +515,8 @@ class RecordGPT(nn.Module):
         w1, w2 = self.mlp_bank[layer, 0].to(a.dtype), self.mlp_bank[layer, 1].to(a.dtype)
         if self.training and self.fp8 is not None and self.fp8.mlp is not None:
             return fp8_mlp(a, w1, w2, self.fp8.mlp[layer], True, self.kernels.fp8_product)
+        if self.kernels.mlp is not None and a.dtype == torch.bfloat16:
+            return self.kernels.mlp(a, w1, w2)
         return F.relu(a @ w1.T).square() @ w2
 
     def _value_rows(self, k: int, ctx: _Pass) -> Tensor:
