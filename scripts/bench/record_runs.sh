@@ -7,7 +7,8 @@
 #              each stage under the profiler (the documents bound raised as proxy161's: the proxy's
 #              documents are shorter than FineWeb's)
 #   bench:K    the same for stage K alone (one stage's compile, a profile small enough to bring back);
-#              bench:K:bf16 with the MLP in bf16 (fp8.mlp=false)
+#              bench:K:bf16 with the MLP in bf16 (fp8.mlp=false); bench...@old the same of the older tree
+#              in .old/src (`git archive COMMIT src | tar -x -C .old`, carried) on its own compiler cache
 #   tests      the record's GPU tests (attention, FP8, the fused loss, Adam's kernel), their printed shares
 # e.g. `record_runs.sh 161:0 161:1 bench`. Carry .proxy161 or .proxy322 (scripts/bench/record_carry_sets.py
 # makes them). LIMIT (seconds, default 560) bounds the whole call: an item that would start too late is
@@ -30,16 +31,17 @@ item() {
   case $1 in
     161:*) unpack .proxy161; run "proxy161-seed${1#161:}" .proxy161 --preset proxy161 --seed "${1#161:}" ;;
     322) unpack .proxy322; run proxy322 .proxy322 --preset proxy322 ;;
-    bench|bench:*) local spec=${1#bench} tag=record only=() mlp=()
-           case $spec in :*:bf16) mlp=(--set fp8.mlp=false); spec=${spec%:bf16}; tag=record-bf16 ;; esac
+    bench|bench:*) local spec=${1#bench} tag=record only=() mlp=() src=src cache=record
+           case $spec in *@old) spec=${spec%@old}; src=.old/src; cache=record-old; tag=old ;; esac
+           case $spec in :*:bf16) mlp=(--set fp8.mlp=false); spec=${spec%:bf16}; tag=$tag-bf16 ;; esac
            [ -n "$spec" ] && { tag=$tag-stage${spec#:}; only=(--stages "${spec#:}"); }
-           unpack .proxy161; env $(caches record) timeout "$(left)" python3 -m speedrun.cli.__main__ bench \
-             --preset record --pairs 5 --data .proxy161 --set docs.max_docs_mult=4 "${only[@]}" "${mlp[@]}" \
+           unpack .proxy161; env $(caches $cache) PYTHONPATH="$PWD/$src" timeout "$(left)" python3 -m speedrun.cli.__main__ \
+             bench --preset record --pairs 5 --data .proxy161 --set docs.max_docs_mult=4 "${only[@]}" "${mlp[@]}" \
              --json "$RES/bench-$tag.json" --profile "$RES/profile-$tag.txt" > "$RES/bench-$tag.log" 2>&1
-           grep -v '^\s*$' "$RES/bench-$tag.log" | tail -12 ;;
+           echo "$tag:"; grep -v '^\s*$' "$RES/bench-$tag.log" | tail -12 ;;
     tests) timeout "$(left)" python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_record_attention_gpu.py \
-             tests/test_record_fp8_gpu.py tests/test_record_ce_gpu.py tests/test_record_adam.py tests/test_record_mlp.py -s > "$RES/gpu-tests.log" 2>&1; tail -3 "$RES/gpu-tests.log" ;;
-    *) echo "usage: $0 161:SEED | 322 | bench | bench:K[:bf16] | tests ..."; exit 2 ;;
+             tests/test_record_fp8_gpu.py tests/test_record_ce_gpu.py tests/test_record_adam.py tests/test_record_mlp.py tests/test_record_dc.py -s > "$RES/gpu-tests.log" 2>&1; tail -3 "$RES/gpu-tests.log" ;;
+    *) echo "usage: $0 161:SEED | 322 | bench | bench:K[:bf16][@old] | tests ..."; exit 2 ;;
   esac
 }
 gpus_csv

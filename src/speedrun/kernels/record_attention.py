@@ -19,8 +19,9 @@ the reference, forward and backward. The kernel sizes its grid by the longest do
 passes the stage's cut length (`longest`), a constant of the stage, so that a compiled step reads
 nothing back from the device; without it the batch's longest document is read once.
 
-Layer 10's DC term goes through the same kernel: term_h(t) = w2_h(t)·Σ_g w1n_g(t)·Σ_j P_g(t, j)·v_h(j),
-with P_g head g's softmax over the last `keys` keys of t's document, is for each value head h one
+Layer 10's DC term has kernels of its own (`record_dc`: the six heads' probabilities mixed once, then
+multiplied by every value head). Without Triton it goes through the same attention kernel:
+term_h(t) = w2_h(t)·Σ_g w1n_g(t)·Σ_j P_g(t, j)·v_h(j), with P_g head g's softmax over the last `keys` keys of t's document, is for each value head h one
 windowed attention of all query heads against head h's values broadcast to every head (window
 keys - 1), mixed over g by w1n: H calls of the kernel instead of the reference's per-document loops.
 `dc_by_attention` takes the attention function, so the CPU tests hold it, with the reference as that
@@ -34,7 +35,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from speedrun.kernels import relu2_mlp
+from speedrun.kernels import record_dc, relu2_mlp
+from speedrun.kernels.choice import TRITON_FOUND
 from speedrun.kernels.record_ce import fused_training_loss
 from speedrun.kernels.record_fp8 import scaled_product
 from speedrun.model.record import RecordKernels
@@ -99,10 +101,12 @@ def pick(kernels: str, device: torch.device) -> RecordKernels:
     """What serves the record's seams for a run's `train.kernels` on `device`: the one place that
     chooses. The references (an empty `RecordKernels`) on the CPU, under `reference`, and where
     torch has no varlen attention; FP8 products by `_scaled_mm` where the GPU has FP8; the fused
-    head loss on every GPU; the bf16 MLP's kernels where they run (capability 9.0)."""
+    head loss and the DC kernels (`record_dc`) on every GPU; the bf16 MLP's kernels where they run
+    (capability 9.0)."""
     if kernels == "reference" or device.type != "cuda" or _varlen() is None:
         return RecordKernels()
     capability = torch.cuda.get_device_capability(device)
     fp8, hopper = capability >= (8, 9), capability[0] == 9 and relu2_mlp.TRITON_FOUND
-    return RecordKernels("varlen", varlen_attend, varlen_dc, scaled_product if fp8 else reference_product,
+    dc = record_dc.dc_correction if TRITON_FOUND else varlen_dc
+    return RecordKernels("varlen", varlen_attend, dc, scaled_product if fp8 else reference_product,
                          fused_training_loss, relu2_product if hopper else None)
