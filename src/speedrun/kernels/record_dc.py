@@ -47,13 +47,22 @@ NUM_WARPS = 8
 NUM_STAGES = 1  # the head loops' loads pipelined deeper pass Hopper's 227 KB of shared memory (measured 240 KB)
 
 triton = tl = None  # set by built_once on first use
-_dc_forward = _dc_backward_q = _dc_backward_kv = _rows = _scores = _tf32 = None
+_dc_forward = _dc_backward_q = _dc_backward_kv = _block = _rows = _scores = _tf32 = None
 
 
 @built_once
 def _build(interpreted: bool):
     """Define the kernels once (`built_once`); their helpers are module globals, as the interpreter needs."""
-    global _dc_forward, _dc_backward_q, _dc_backward_kv, _rows, _scores, _tf32
+    global _dc_forward, _dc_backward_q, _dc_backward_kv, _block, _rows, _scores, _tf32
+
+    @triton.jit
+    def _block(START, n, B: tl.constexpr):
+        """This program's query block: its first row, rows, which exist, rows as int64, their
+        documents' starts, and the offsets 0 … B − 1."""
+        t0 = tl.program_id(0) * B
+        rows = t0 + tl.arange(0, B)
+        live = rows < n
+        return t0, rows, live, rows.to(tl.int64), tl.load(START + rows, mask=live, other=0), tl.arange(0, B)
 
     @triton.jit
     def _rows(P, idx, n, stride, h, D: tl.constexpr):
@@ -81,12 +90,7 @@ def _build(interpreted: bool):
     def _dc_forward(Q, K, V, START, W1N, W2, OUT, LSE, MIX, n, sq, sk, sv, scale,
                     H: tl.constexpr, D: tl.constexpr, B: tl.constexpr, W: tl.constexpr,
                     WIDEN: tl.constexpr):
-        t0 = tl.program_id(0) * B
-        rows = t0 + tl.arange(0, B)
-        live = rows < n
-        r64 = rows.to(tl.int64)
-        start = tl.load(START + rows, mask=live, other=0)
-        c = tl.arange(0, B)
+        t0, rows, live, r64, start, c = _block(START, n, B)
         m0 = tl.zeros((B, B), tl.float32)
         m1 = tl.zeros((B, B), tl.float32)
         m2 = tl.zeros((B, B), tl.float32)
@@ -119,13 +123,8 @@ def _build(interpreted: bool):
     @triton.jit
     def _dc_backward_q(Q, K, V, START, W1N, W2, LSE, MIX, G, DQ, DW1N, DW2, DMIX, n, sq, sk, sv, scale,
                        H: tl.constexpr, D: tl.constexpr, B: tl.constexpr, W: tl.constexpr,
-                    WIDEN: tl.constexpr):
-        t0 = tl.program_id(0) * B
-        rows = t0 + tl.arange(0, B)
-        live = rows < n
-        r64 = rows.to(tl.int64)
-        start = tl.load(START + rows, mask=live, other=0)
-        c = tl.arange(0, B)
+                       WIDEN: tl.constexpr):
+        t0, rows, live, r64, start, c = _block(START, n, B)
         d = tl.arange(0, D)
         mix = MIX + r64[:, None] * (3 * B) + c[None, :]
         m0 = tl.load(mix, mask=live[:, None], other=0.0)
@@ -170,7 +169,7 @@ def _build(interpreted: bool):
     @triton.jit
     def _dc_backward_kv(Q, K, START, W1N, W2, LSE, MIX, DMIX, G, DW1N, DK, DV, n, sq, sk, scale,
                         H: tl.constexpr, D: tl.constexpr, B: tl.constexpr, W: tl.constexpr,
-                    WIDEN: tl.constexpr):
+                       WIDEN: tl.constexpr):
         j0 = tl.program_id(0) * B
         cols = j0 + tl.arange(0, B)
         keep = cols < n
