@@ -37,7 +37,7 @@ from torch import Tensor
 
 from speedrun.kernels import record_dc, relu2_mlp
 from speedrun.kernels.choice import TRITON_FOUND
-from speedrun.kernels.record_ce import fused_training_loss
+from speedrun.kernels.record_ce import fp8_head_training_loss, fused_training_loss
 from speedrun.kernels.record_fp8 import scaled_product
 from speedrun.model.record import RecordKernels
 from speedrun.model.record_fp8 import reference_product
@@ -109,4 +109,5 @@ def pick(kernels: str, device: torch.device) -> RecordKernels:
     fp8, hopper = capability >= (8, 9), capability[0] == 9 and relu2_mlp.TRITON_FOUND
     dc = record_dc.dc_correction if TRITON_FOUND else varlen_dc
     return RecordKernels("varlen", varlen_attend, dc, scaled_product if fp8 else reference_product,
-                         fused_training_loss, relu2_product if hopper else None)
+                         fused_training_loss, relu2_product if hopper else None,
+                         fp8_head_training_loss if fp8 else None)

@@ -5,7 +5,7 @@ The model's loss (`record_loss.record_training_loss`) is the reference: one floa
 the (n, V) soft-capped logits, each term a gather from it. Compiled, it keeps float32 (n, V) tensors
 alive between the forward and the backward and makes them again in the backward: several hundred KB a
 token, at the record's 49,152-token micro-batch tens of GiB, and as many sweeps of memory. This
-kernel reads the bf16 logits twice per row and writes the bf16 gradient once:
+kernel reads the bf16 logits twice and writes the gradient once:
 
     ẑ = c·σ((z + a)/d) ≤ c,  so  lse = c + log Σ_j exp(ẑ_j − c)  needs no running maximum;
     loss_t = Σ_k w_k·[t + k < n]·(lse − ẑ[x_{t+k+1}]) + π·[T′(x_{t+1}) exists]·(lse − ẑ[T′(x_{t+1})]);
@@ -13,12 +13,21 @@ kernel reads the bf16 logits twice per row and writes the bf16 gradient once:
 
 with S_t the sum of row t's weights. That is the exact gradient of the loss it reports, as autograd
 gives the reference's (the record's own kernel uses Σ_k w_k on the last K − 1 rows too; the spec's
-"Unresolved" notes it). One program per row; the targets (at most `MAX_TERMS` MTP terms and the
-prefix) are loaded once as scalars. The backward multiplies the saved gradient by each row's
-upstream gradient in place: nothing else holds it (`softcap_ce`'s reasoning, which this follows).
+"Unresolved" notes it). A program takes `BLOCK_ROWS` rows and sweeps the vocabulary twice in
+(rows, `BLOCK_V`) tiles; each row's targets (at most `MAX_TERMS` MTP terms and the prefix) are loaded
+once. The gradient takes one of two forms:
 
-`fused_training_loss` is `RecordKernels.loss` on a GPU (`record_attention.pick`); the CPU tests run
-the kernel through Triton's interpreter against the reference, and a GPU test holds it there too.
+- bf16 (n, V), which the backward multiplies by each row's upstream gradient in place: nothing else
+  holds it (`softcap_ce`'s reasoning, which this follows). `fused_training_loss`, `RecordKernels.loss`.
+- with the FP8 head in training, the e5m2 pair that the head's two gradient products read: (n, V)
+  for grad_x, whose reduction runs along V, and its transpose (V, n) for grad_W, whose reduction runs
+  along the tokens (an FP8 tensor-core product reads both operands along the reduction). The tile
+  writes both, so the bf16 gradient, and the cast-and-transpose pass that read it (34 ms a step at
+  the record's stage 2 on an H100, 2026-12-06), never exist. `fp8_head_training_loss`,
+  `RecordKernels.head_loss`: the head's forward product, the kernel, and the two gradient products.
+
+`record_attention.pick` chooses both on a GPU; the CPU tests run the kernel through Triton's
+interpreter against the references, and GPU tests hold it there at the record's vocabulary.
 """
 
 from __future__ import annotations
@@ -29,88 +38,113 @@ import torch
 from torch import Tensor
 
 from speedrun.kernels.choice import built_once
+from speedrun.model.record_fp8 import (RECORD_FP8, Fp8Config, Product, head_forward, head_quantize_input,
+                                       head_quantize_weight, reference_product)
 from speedrun.model.record_parts import SOFTCAP
 
 MAX_TERMS = 4  # MTP terms the kernel takes (the record has at most 3)
-BLOCK_V = 2048
+BLOCK_ROWS, BLOCK_V = 32, 256  # a program's rows, and the columns of one sweep step
+E5M2_MAX = 57344.0  # e5m2's largest finite value: the saturating gradient's bound
 
 triton = tl = None  # set by built_once on first use
-_mtp_ce_kernel = _term = _term_loss = None
+_mtp_ce_kernel = _round_e5m2 = _term = _term_loss = None
 
 
 @built_once
 def _build(interpreted: bool):
     """Define the kernel once (`built_once`); its helpers are module globals, as the interpreter needs."""
-    global _mtp_ce_kernel, _term, _term_loss
+    global _mtp_ce_kernel, _round_e5m2, _term, _term_loss
 
     @triton.jit
-    def _term(TN, W, row, n, k: tl.constexpr, K: tl.constexpr):
-        """(target, weight) of MTP term k for `row`: weight 0 past the batch or past K."""
+    def _term(TN, W, rows, n, k: tl.constexpr, K: tl.constexpr):
+        """(targets, weights) of MTP term k for the block's rows: weight 0 past the batch or past K."""
+        valid = rows + k < n
         if k < K:
-            valid = row + k < n
-            t = tl.load(TN + row + k, mask=valid, other=0).to(tl.int64)
+            t = tl.load(TN + rows + k, mask=valid, other=0).to(tl.int64)
             w = tl.load(W + k) * valid.to(tl.float32)
         else:
-            t = row * 0
-            w = tl.load(W) * 0.0
+            t = rows * 0
+            w = valid.to(tl.float32) * 0.0
         return t, w
 
     @triton.jit
-    def _term_loss(z_row, t, w, lse, cap, shift, inv_div):
-        """w·(lse − ẑ[t])."""
-        return w * (lse - cap / (1.0 + tl.exp(-(tl.load(z_row + t).to(tl.float32) + shift) * inv_div)))
+    def _round_e5m2(x):
+        """x (within ±57,344) rounded to e5m2's grid in float32, to nearest with ties to even, as torch's
+        cast rounds: the mantissa's 21 dropped bits by integer carry (into the exponent when it
+        overflows, which Triton 3.9's interpreter's own cast misses), subnormals (below 2^-14) on their
+        2^-16 grid by one float addition. The cast that follows is then exact on every backend."""
+        b = x.to(tl.int32, bitcast=True)
+        b = (b + 0xFFFFF + ((b >> 21) & 1)) & -2097152
+        return tl.where(tl.abs(x) < 6.103515625e-05, (x + 192.0) - 192.0, b.to(tl.float32, bitcast=True))
 
     @triton.jit
-    def _mtp_ce_kernel(Z, TN, PRE, W, PI, LOSS, GRAD, n, stride_z, stride_g, cap, shift, inv_div,
-                       V: tl.constexpr, K: tl.constexpr, HAS_PREFIX: tl.constexpr, WRITE_GRAD: tl.constexpr,
-                       BLOCK: tl.constexpr):
-        row = tl.program_id(0).to(tl.int64)  # int64: n x V passes 2^31 at the record's shapes
-        z_row = Z + row * stride_z
-        cols = tl.arange(0, BLOCK)
-        acc = tl.zeros((BLOCK,), tl.float32)
-        for v0 in range(0, V, BLOCK):
+    def _term_loss(z_rows, live, t, w, lse, cap, shift, inv_div):
+        """w·(lse − ẑ[t]) per row."""
+        zt = tl.load(z_rows + t, mask=live, other=0.0).to(tl.float32)
+        return w * (lse - cap / (1.0 + tl.exp(-(zt + shift) * inv_div)))
+
+    @triton.jit
+    def _mtp_ce_kernel(Z, TN, PRE, W, PI, LOSS, G, GT, n, stride_z, cap, shift, inv_div, g_mult, g_max,
+                       V: tl.constexpr, K: tl.constexpr, HAS_PREFIX: tl.constexpr, GRAD: tl.constexpr,
+                       BM: tl.constexpr, BV: tl.constexpr):
+        rows = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)  # int64: n x V passes 2^31
+        live = rows < n
+        z_rows = Z + rows * stride_z
+        cols = tl.arange(0, BV)
+        acc = tl.zeros((BM, BV), tl.float32)
+        for v0 in range(0, V, BV):
             idx = v0 + cols
-            ok = idx < V
-            zf = tl.load(z_row + idx, mask=ok, other=0.0).to(tl.float32)
+            ok = live[:, None] & (idx < V)[None, :]
+            zf = tl.load(z_rows[:, None] + idx[None, :], mask=ok, other=0.0).to(tl.float32)
             s = cap / (1.0 + tl.exp(-(zf + shift) * inv_div))
             acc += tl.where(ok, tl.exp(s - cap), 0.0)
-        lse = cap + tl.log(tl.sum(acc, axis=0))
+        lse = cap + tl.log(tl.where(live, tl.sum(acc, axis=1), 1.0))
 
-        t0, w0 = _term(TN, W, row, n, 0, K)
-        t1, w1 = _term(TN, W, row, n, 1, K)
-        t2, w2 = _term(TN, W, row, n, 2, K)
-        t3, w3 = _term(TN, W, row, n, 3, K)
+        t0, w0 = _term(TN, W, rows, n, 0, K)
+        t1, w1 = _term(TN, W, rows, n, 1, K)
+        t2, w2 = _term(TN, W, rows, n, 2, K)
+        t3, w3 = _term(TN, W, rows, n, 3, K)
         if HAS_PREFIX:
-            pre = tl.load(PRE + tl.load(TN + row))
+            pre = tl.load(PRE + tl.load(TN + rows, mask=live, other=0), mask=live, other=-1)
             tp = tl.where(pre >= 0, pre, 0).to(tl.int64)
             wp = tl.load(PI) * (pre >= 0).to(tl.float32)
         else:
             tp, wp = t0, w0 * 0.0
-        loss = (_term_loss(z_row, t0, w0, lse, cap, shift, inv_div) + _term_loss(z_row, t1, w1, lse, cap, shift, inv_div)
-                + _term_loss(z_row, t2, w2, lse, cap, shift, inv_div) + _term_loss(z_row, t3, w3, lse, cap, shift, inv_div)
-                + _term_loss(z_row, tp, wp, lse, cap, shift, inv_div))
-        tl.store(LOSS + row, loss)
+        loss = (_term_loss(z_rows, live, t0, w0, lse, cap, shift, inv_div)
+                + _term_loss(z_rows, live, t1, w1, lse, cap, shift, inv_div)
+                + _term_loss(z_rows, live, t2, w2, lse, cap, shift, inv_div)
+                + _term_loss(z_rows, live, t3, w3, lse, cap, shift, inv_div)
+                + _term_loss(z_rows, live, tp, wp, lse, cap, shift, inv_div))
+        tl.store(LOSS + rows, loss, mask=live)
 
-        if WRITE_GRAD:
-            total = w0 + w1 + w2 + w3 + wp
-            g_row = GRAD + row * stride_g
-            for v0 in range(0, V, BLOCK):
+        if GRAD > 0:
+            total = (w0 + w1 + w2 + w3 + wp)[:, None]
+            for v0 in range(0, V, BV):
                 idx = v0 + cols
-                ok = idx < V
-                zf = tl.load(z_row + idx, mask=ok, other=0.0).to(tl.float32)
+                ok = live[:, None] & (idx < V)[None, :]
+                zf = tl.load(z_rows[:, None] + idx[None, :], mask=ok, other=0.0).to(tl.float32)
                 sig = 1.0 / (1.0 + tl.exp(-(zf + shift) * inv_div))
-                p = tl.exp(cap * sig - lse)
-                hit = (tl.where(idx == t0, w0, 0.0) + tl.where(idx == t1, w1, 0.0) + tl.where(idx == t2, w2, 0.0)
-                       + tl.where(idx == t3, w3, 0.0) + tl.where(idx == tp, wp, 0.0))
+                p = tl.exp(cap * sig - lse[:, None])
+                c = idx[None, :]
+                hit = (tl.where(c == t0[:, None], w0[:, None], 0.0) + tl.where(c == t1[:, None], w1[:, None], 0.0)
+                       + tl.where(c == t2[:, None], w2[:, None], 0.0) + tl.where(c == t3[:, None], w3[:, None], 0.0)
+                       + tl.where(c == tp[:, None], wp[:, None], 0.0))
                 g = (total * p - hit) * (cap * inv_div) * sig * (1.0 - sig)
-                tl.store(g_row + idx, g.to(GRAD.dtype.element_ty), mask=ok)
+                if GRAD == 1:
+                    tl.store(G + rows[:, None] * V + c, g.to(G.dtype.element_ty), mask=ok)
+                else:  # the e5m2 pair: (n, V) and its transpose, saturating at ±g_max
+                    q = _round_e5m2(tl.minimum(tl.maximum(g * g_mult, -g_max), g_max)).to(G.dtype.element_ty)
+                    tl.store(G + rows[:, None] * V + c, q, mask=ok)
+                    tl.store(GT + c * n + rows[:, None], q, mask=ok)
 
     return _mtp_ce_kernel
 
 
 def launch(z: Tensor, targets_next: Tensor, weights: Tensor, prefix_weight: Tensor, prefix: Tensor,
-           has_prefix: bool, want_grad: bool) -> tuple[Tensor, Tensor]:
-    """Per-row losses (n,) float32 and d loss_t / d z (n, V) in z's dtype ((0,) without want_grad)."""
+           has_prefix: bool, want_grad: bool, e5m2_mult: float = 0.0) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-row losses (n,) float32 and the gradient d loss_t / d z: without want_grad none ((0,)
+    tensors); with e5m2_mult 0 in z's dtype (n, V); else e5m2(clamp(g·e5m2_mult)) as (n, V) and
+    its transpose (V, n), both contiguous (the two layouts the head's two FP8 gradient products read)."""
     kernel = _build()
     if weights.numel() > MAX_TERMS:
         raise ValueError(f"record_ce: at most {MAX_TERMS} MTP weights, got {weights.numel()}")
@@ -118,55 +152,105 @@ def launch(z: Tensor, targets_next: Tensor, weights: Tensor, prefix_weight: Tens
         z = z.contiguous()
     n, V = z.shape
     cap, shift, divisor = SOFTCAP
+    mode = 0 if not want_grad else (2 if e5m2_mult else 1)
+    dtype = torch.float8_e5m2 if mode == 2 else z.dtype
     losses = torch.empty(n, dtype=torch.float32, device=z.device)
-    grad = torch.empty((n, V) if want_grad else (0,), dtype=z.dtype, device=z.device)
+    grad = torch.empty((n, V) if mode else (0,), dtype=dtype, device=z.device)
+    grad_t = torch.empty((V, n) if mode == 2 else (0,), dtype=dtype, device=z.device)
     if n:
-        kernel[(n,)](z, targets_next.contiguous(), prefix, weights.contiguous(), prefix_weight, losses, grad, n,
-                     z.stride(0), grad.stride(0) if want_grad else 0, cap, shift, 1.0 / divisor,
-                     V=V, K=weights.numel(), HAS_PREFIX=has_prefix, WRITE_GRAD=want_grad, BLOCK=BLOCK_V,
-                     num_warps=8)
-    return losses, grad
+        kernel[(triton.cdiv(n, BLOCK_ROWS),)](
+            z, targets_next.contiguous(), prefix, weights.contiguous(), prefix_weight, losses, grad, grad_t, n,
+            z.stride(0), cap, shift, 1.0 / divisor, e5m2_mult, E5M2_MAX, V=V, K=weights.numel(),
+            HAS_PREFIX=has_prefix, GRAD=mode, BM=BLOCK_ROWS, BV=BLOCK_V, num_warps=8)
+    return losses, grad, grad_t
 
 
 @torch.library.custom_op("speedrun::record_mtp_ce", mutates_args=())
 def record_mtp_ce(z: Tensor, targets_next: Tensor, weights: Tensor, prefix_weight: Tensor, prefix: Tensor,
-                  has_prefix: bool, want_grad: bool) -> tuple[Tensor, Tensor]:
+                  has_prefix: bool, want_grad: bool, e5m2_mult: float) -> tuple[Tensor, Tensor, Tensor]:
     """`launch` as an operator: `torch.compile(fullgraph=True)` keeps it whole."""
-    return launch(z, targets_next, weights, prefix_weight, prefix, has_prefix, want_grad)
+    return launch(z, targets_next, weights, prefix_weight, prefix, has_prefix, want_grad, e5m2_mult)
 
 
 @record_mtp_ce.register_fake
-def _(z, targets_next, weights, prefix_weight, prefix, has_prefix, want_grad):
-    grad = z.new_empty((z.shape[0], z.shape[1]) if want_grad else (0,))
-    return z.new_empty((z.shape[0],), dtype=torch.float32), grad
+def _(z, targets_next, weights, prefix_weight, prefix, has_prefix, want_grad, e5m2_mult):
+    n, V = z.shape
+    pair = want_grad and e5m2_mult
+    dtype = torch.float8_e5m2 if pair else z.dtype
+    grad = z.new_empty((n, V) if want_grad else (0,), dtype=dtype)
+    return z.new_empty((n,), dtype=torch.float32), grad, z.new_empty((V, n) if pair else (0,), dtype=dtype)
 
 
 def _setup_context(ctx, inputs, output):
-    _, grad = output
-    ctx.mark_non_differentiable(grad)
+    _, grad, grad_t = output
+    ctx.mark_non_differentiable(grad, grad_t)
     ctx.save_for_backward(grad)
-    ctx.want_grad = inputs[-1]
+    ctx.want_grad, ctx.e5m2 = inputs[-2], bool(inputs[-1])
 
 
-def _backward(ctx, g_losses, _g_grad):
+def _backward(ctx, g_losses, _g_grad, _g_grad_t):
     """d total / d z: the saved gradient times each row's upstream gradient, in place (module docstring)."""
-    if not ctx.want_grad:
-        raise RuntimeError("record_mtp_ce: the forward ran without a gradient (no grad mode or z did not require grad)")
+    if not ctx.want_grad or ctx.e5m2:
+        raise RuntimeError("record_mtp_ce: no gradient of z was made (no grad mode, z did not require grad, "
+                           "or only its e5m2 form)")
     (grad,) = ctx.saved_tensors
-    return grad.mul_(g_losses.unsqueeze(1)), None, None, None, None, None, None
+    return grad.mul_(g_losses.unsqueeze(1)), None, None, None, None, None, None, None
 
 
 record_mtp_ce.register_autograd(_backward, setup_context=_setup_context)
 
 
-def fused_training_loss(z: Tensor, targets_next: Tensor, mtp_weights: Sequence[float] | Tensor,
-                        prefix_weight: float | Tensor, prefix: Tensor) -> Tensor:
-    """`record_loss.record_training_loss` through the kernel: the same arguments, the same float32 sum."""
-    dev = z.device
+def _loss_arguments(dev: torch.device, mtp_weights, prefix_weight, prefix: Tensor) -> tuple:
+    """(weights, π, prefix table, has_prefix) as the operator takes them."""
     w = torch.as_tensor(mtp_weights, dtype=torch.float32, device=dev)
     has_prefix = isinstance(prefix_weight, Tensor) or bool(prefix_weight)
     pi = torch.as_tensor(prefix_weight, dtype=torch.float32, device=dev).reshape(1)
+    return w, pi, prefix.to(device=dev, dtype=torch.int64), has_prefix
+
+
+def fused_training_loss(z: Tensor, targets_next: Tensor, mtp_weights: Sequence[float] | Tensor,
+                        prefix_weight: float | Tensor, prefix: Tensor) -> Tensor:
+    """`record_loss.record_training_loss` through the kernel: the same arguments, the same float32 sum."""
+    w, pi, table, has_prefix = _loss_arguments(z.device, mtp_weights, prefix_weight, prefix)
     want_grad = torch.is_grad_enabled() and z.requires_grad
-    losses, _ = torch.ops.speedrun.record_mtp_ce(z, targets_next.long(), w, pi, prefix.to(device=dev, dtype=torch.int64),
-                                                 has_prefix, want_grad)
+    losses, _, _ = torch.ops.speedrun.record_mtp_ce(z, targets_next.long(), w, pi, table, has_prefix, want_grad, 0.0)
     return losses.sum()
+
+
+class _Fp8HeadLoss(torch.autograd.Function):
+    """`record_fp8.fp8_head` then the loss, the logit gradient made by the kernel as the e5m2 pair.
+
+    The reference (`record_fp8._Fp8Head`) stores e5m2(g / grad_s) with g the incoming gradient,
+    grad_scale·∂loss/∂z, and grad_s = grad_scale·u (u = `head_grad_factor`): the stored value is
+    e5m2(∂loss/∂z / u) whatever grad_scale is. The kernel writes exactly that in the forward; the
+    backward's upstream scalar ĝ (grad_scale in training) scales the two products by ĝ·u, so the
+    gradient is exact for any upstream value (only its saturation assumes ĝ = grad_scale)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, w: Tensor, targets_next: Tensor, weights: Tensor, pi: Tensor, table: Tensor,
+                has_prefix: bool, cfg: Fp8Config, product: Product) -> Tensor:
+        x_f8, w_f8 = head_quantize_input(x, cfg), head_quantize_weight(w, cfg)
+        z = head_forward(x_f8, w_f8, cfg, product)
+        losses, g_f8, g_f8_t = torch.ops.speedrun.record_mtp_ce(z, targets_next, weights, pi, table, has_prefix,
+                                                                True, 1.0 / cfg.head_grad_factor)
+        ctx.save_for_backward(x_f8, w_f8, g_f8, g_f8_t)
+        ctx.cfg, ctx.product = cfg, product
+        return losses.sum()
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        x_f8, w_f8, g_f8, g_f8_t = ctx.saved_tensors
+        cfg, product = ctx.cfg, ctx.product
+        g_s = g.float() * cfg.head_grad_factor  # the stored gradient's scale: ĝ·u
+        grad_x = product(g_f8, w_f8, g_s * cfg.head_w_scale, torch.bfloat16)
+        grad_w = product(x_f8.T, g_f8_t, g_s * cfg.head_x_scale, torch.float32)
+        return grad_x, grad_w, None, None, None, None, None, None, None
+
+
+def fp8_head_training_loss(h: Tensor, lm_head: Tensor, targets_next: Tensor, mtp_weights: Sequence[float] | Tensor,
+                           prefix_weight: float | Tensor, prefix: Tensor, cfg: Fp8Config = RECORD_FP8,
+                           product: Product = reference_product) -> Tensor:
+    """`record_training_loss(fp8_head(h, lm_head, ...), ...)` (`RecordGPT.fp8_head_loss`) through the
+    kernel, whose gradient goes to the head's FP8 products as e5m2 without a bf16 (n, V) in between."""
+    w, pi, table, has_prefix = _loss_arguments(h.device, mtp_weights, prefix_weight, prefix)
+    return _Fp8HeadLoss.apply(h, lm_head, targets_next.long(), w, pi, table, has_prefix, cfg, product)

@@ -65,8 +65,10 @@ class RecordKernels:
     `record_parts.dc_correction`; fp8_product(a_f8, b_f8_t, scale, out_dtype), as
     `record_fp8.reference_product`; loss(z, targets_next, mtp_weights, prefix_weight, prefix) -> the
     float32 sum, as `record_loss.record_training_loss`; mlp(a, w1, w2) -> relu(a·W1ᵀ)²·W2, the bf16
-    MLP where FP8 does not serve it, as `record_fp8.mlp_reference`. attend, dc and loss serve
-    half-precision inputs only, mlp bfloat16 only."""
+    MLP where FP8 does not serve it, as `record_fp8.mlp_reference`; head_loss(h, lm_head,
+    targets_next, mtp_weights, prefix_weight, prefix, fp8_cfg, fp8_product) -> the float32 sum, as
+    `RecordGPT.head_loss` with the FP8 head. attend, dc, loss and head_loss serve half-precision
+    inputs only, mlp bfloat16 only."""
 
     name: str = "reference"
     attend: Callable | None = None
@@ -74,6 +76,7 @@ class RecordKernels:
     fp8_product: Product = reference_product
     loss: Callable | None = None
     mlp: Callable | None = None
+    head_loss: Callable | None = None
 
 
 @dataclass(frozen=True)
@@ -665,9 +668,20 @@ class RecordGPT(nn.Module):
         """The summed MTP + prefix loss of the batch (`record_loss.record_training_loss`); targets
         (n,) are x[t+1]."""
         h = self(inputs, cu_seqlens, windows, attn_scale, freqs, rope=rope, dtype=dtype, longest=longest)
+        return self.head_loss(h, targets.long(), mtp_weights, prefix_weight, prefix)
+
+    def head_loss(self, h: Tensor, targets_next: Tensor, mtp_weights: Sequence[float], prefix_weight: float,
+                  prefix: Tensor) -> Tensor:
+        """The loss of the final hidden states h: `record_training_loss` of `logits(h)`, by
+        `kernels.head_loss` where the FP8 head trains (it passes the gradient to the head's products
+        in e5m2, never as bf16 logits' gradient), else by `kernels.loss` on half-precision logits."""
+        fp8_head = self.training and self.fp8 is not None and self.fp8.head_grad_scale is not None
+        if fp8_head and self.kernels.head_loss is not None and h.dtype in HALF:
+            return self.kernels.head_loss(h, self.lm_head, targets_next, mtp_weights, prefix_weight, prefix,
+                                          self.fp8.cfg, self.kernels.fp8_product)
         z = self.logits(h)
         loss = self.kernels.loss if self.kernels.loss is not None and z.dtype in HALF else record_training_loss
-        return loss(z, targets.long(), mtp_weights, prefix_weight, prefix)
+        return loss(z, targets_next, mtp_weights, prefix_weight, prefix)
 
     def eval_loss(self, inputs: Tensor, targets: Tensor, cu_seqlens: Tensor, windows: tuple[int, int],
                   attn_scale: float, freqs: Tensor | None = None, *, rope: tuple[Tensor, Tensor] | None = None,
