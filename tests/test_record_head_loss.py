@@ -31,7 +31,7 @@ _INTERPRETED = textwrap.dedent(r'''
     g = torch.Generator().manual_seed(0)
     N, D, V = 75, 32, 300   # 75 rows: a partial last row block
     x0 = (torch.randn(N, D, generator=g) * 6).bfloat16()
-    w0 = (torch.randn(D, V, generator=g) * 0.4).bfloat16()
+    w0 = (torch.randn(D, V, generator=g) * 0.1).bfloat16()  # w/w_s within e4m3
     t = torch.randint(0, V, (N,), generator=g)
     t[1] = t[0]
     prefix = torch.randint(-1, V, (V,), generator=g)
@@ -140,7 +140,7 @@ def test_at_the_record_s_size_on_a_gpu():
     gen = torch.Generator(device="cuda").manual_seed(0)
     n, d, up = 8192, 768, 0.125
     x0 = (torch.randn(n, d, device="cuda", generator=gen) * 6).bfloat16()
-    w0 = (torch.randn(d, PADDED_VOCAB, device="cuda", generator=gen) * 0.4).bfloat16()
+    w0 = (torch.randn(d, PADDED_VOCAB, device="cuda", generator=gen) * 0.05).bfloat16()  # w/w_s within e4m3
     t = torch.randint(0, 50257, (n,), device="cuda", generator=gen)
     prefix = prefix_table(get_encoding(), PADDED_VOCAB).cuda()
     w, pi = torch.tensor([1.0, 0.5, 0.25], device="cuda"), torch.tensor(0.25, device="cuda")

@@ -40,7 +40,7 @@ item() {
              --json "$RES/bench-$tag.json" --profile "$RES/profile-$tag.txt" > "$RES/bench-$tag.log" 2>&1
            echo "$tag:"; grep -v '^\s*$' "$RES/bench-$tag.log" | tail -12 ;;
     tests) timeout "$(left)" python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_record_attention_gpu.py \
-             tests/test_record_fp8_gpu.py tests/test_record_ce_gpu.py tests/test_record_adam.py tests/test_record_mlp.py tests/test_record_dc.py -s > "$RES/gpu-tests.log" 2>&1; tail -3 "$RES/gpu-tests.log" ;;
+             tests/test_record_fp8_gpu.py tests/test_record_ce_gpu.py tests/test_record_adam.py tests/test_record_mlp.py tests/test_record_dc.py tests/test_record_head_loss.py -s > "$RES/gpu-tests.log" 2>&1; tail -3 "$RES/gpu-tests.log" ;;
     *) echo "usage: $0 161:SEED | 322 | bench | bench:K[:bf16][@old] | tests ..."; exit 2 ;;
   esac
 }

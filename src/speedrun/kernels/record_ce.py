@@ -125,7 +125,7 @@ def _build(interpreted: bool):
                 zf = tl.load(z_rows[:, None] + idx[None, :], mask=ok, other=0.0).to(tl.float32)
                 sig = 1.0 / (1.0 + tl.exp(-(zf + shift) * inv_div))
                 p = tl.exp(cap * sig - lse[:, None])
-                c = idx[None, :]
+                c = idx[None, :].to(tl.int64)  # the transpose's offset c·n passes 2^31 at the record's shapes
                 hit = (tl.where(c == t0[:, None], w0[:, None], 0.0) + tl.where(c == t1[:, None], w1[:, None], 0.0)
                        + tl.where(c == t2[:, None], w2[:, None], 0.0) + tl.where(c == t3[:, None], w3[:, None], 0.0)
                        + tl.where(c == tp[:, None], wp[:, None], 0.0))
