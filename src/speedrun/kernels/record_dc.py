@@ -44,7 +44,7 @@ BLOCK = 64  # queries a program, keys a tile
 MAX_WINDOW = 2 * BLOCK  # the three key tiles of a query block cover t − W … t for W ≤ this
 TILES = 3 * BLOCK  # the band's columns as the kernels store M and dM
 NUM_WARPS = 8
-NUM_STAGES = 1  # the head loops' loads pipelined deeper pass Hopper's 227 KB of shared memory (measured 240 KB)
+NUM_STAGES = 1  # deeper pipelining takes the dK/dV kernel past Hopper's 227 KB of shared memory (234 KB at two stages, Triton 3.6)
 
 triton = tl = None  # set by built_once on first use
 _dc_forward = _dc_backward_q = _dc_backward_kv = _block = _rows = _scores = _tf32 = None
@@ -133,17 +133,19 @@ def _build(interpreted: bool):
         dm0 = tl.zeros((B, B), tl.float32)
         dm1 = tl.zeros((B, B), tl.float32)
         dm2 = tl.zeros((B, B), tl.float32)
-        for h in range(H):
-            v0 = _rows(V, t0 - 2 * B + c, n, sv, h, D).to(tl.float32)
-            v1 = _rows(V, t0 - B + c, n, sv, h, D).to(tl.float32)
-            v2 = _rows(V, t0 + c, n, sv, h, D).to(tl.float32)
+        for h in range(H):  # one value tile live at a time: three at once pass Hopper's shared memory
             gh = tl.load(G + r64[:, None] * (H * D) + h * D + d[None, :], mask=live[:, None], other=0.0)
-            u = _tf32(m0, v0) + _tf32(m1, v1) + _tf32(m2, v2)
-            tl.store(DW2 + r64 * H + h, tl.sum(gh * u, 1), mask=live)
             du = gh * tl.load(W2 + r64 * H + h, mask=live, other=0.0)[:, None]
-            dm0 += _tf32(du, tl.trans(v0))
-            dm1 += _tf32(du, tl.trans(v1))
-            dm2 += _tf32(du, tl.trans(v2))
+            v = _rows(V, t0 - 2 * B + c, n, sv, h, D).to(tl.float32)
+            u = _tf32(m0, v)
+            dm0 += _tf32(du, tl.trans(v))
+            v = _rows(V, t0 - B + c, n, sv, h, D).to(tl.float32)
+            u += _tf32(m1, v)
+            dm1 += _tf32(du, tl.trans(v))
+            v = _rows(V, t0 + c, n, sv, h, D).to(tl.float32)
+            u += _tf32(m2, v)
+            dm2 += _tf32(du, tl.trans(v))
+            tl.store(DW2 + r64 * H + h, tl.sum(gh * u, 1), mask=live)
         dmix = DMIX + r64[:, None] * (3 * B) + c[None, :]
         tl.store(dmix, dm0, mask=live[:, None])
         tl.store(dmix + B, dm1, mask=live[:, None])
