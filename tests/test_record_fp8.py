@@ -247,7 +247,7 @@ def _spec_backward(g, a, w1, w2, post):
     """The spec's bf16 backward in float64, rounded to bf16 where the record's tensors are bf16."""
     r = lambda t: t.to(BF16).to(F64)  # noqa: E731
     g, a, w1, w2, post = (t.to(F64) for t in (g, a, w1, w2, post))
-    dpre = r(2 * r(g @ w2.T) * post.sqrt())
+    dpre = r(2 * r(g @ w2.T) * r(post.sqrt()))  # √post in bf16: the backward runs on bf16 tensors
     return r(dpre @ w1), r(dpre.T @ a), r(post.T @ g)
 
 

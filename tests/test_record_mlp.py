@@ -23,8 +23,8 @@ from speedrun.model.record import RecordGPT, RecordKernels, RecordModelConfig
 _INTERPRETED = textwrap.dedent(r'''
     import json
     import torch
-    from speedrun.kernels.record_attention import relu2_product
-    from speedrun.model.record_fp8 import mlp_reference
+    from speedrun.kernels.record_attention import relu2_backward, relu2_product
+    from speedrun.model.record_fp8 import mlp_backward_bf16, mlp_reference
 
     g = torch.Generator().manual_seed(0)
     N, D, F = 72, 64, 256   # 72 rows: a partial last row block
@@ -40,8 +40,15 @@ _INTERPRETED = textwrap.dedent(r'''
     got = run(lambda *t: relu2_product(*t, impl="triton"))
     want = run(mlp_reference)
     rel = [((x.double() - y.double()).abs().max() / y.double().abs().max()).item() for x, y in zip(got, want)]
+
+    # the FP8 MLP's bf16 backward (its post from a bf16 pre, as the FP8 up product gives it)
+    post = torch.nn.functional.relu(a.detach() @ w1.detach().T).float().square().bfloat16()
+    args = (gy, a.detach(), w1.detach(), w2.detach(), post)
+    got_b, want_b = relu2_backward(*args), mlp_backward_bf16(*args)
+    rel_b = [((x.double() - y.double()).abs().max() / y.double().abs().max()).item() for x, y in zip(got_b, want_b)]
     print("RESULT " + json.dumps(dict(rel=rel, dtypes=[str(t.dtype) for t in got],
-                                      shapes=[list(t.shape) for t in got])))
+                                      shapes=[list(t.shape) for t in got], rel_backward=rel_b,
+                                      shapes_backward=[[list(x.shape), list(y.shape)] for x, y in zip(got_b, want_b)])))
 ''')
 
 
@@ -55,6 +62,11 @@ def test_interpreted_kernels_are_the_reference_mlp(interpreted):
     assert interpreted["shapes"] == [[72, 64], [72, 64], [256, 64], [256, 64]]
     # a few bfloat16 steps: the interpreter truncates where the reference rounds, twice in a row
     assert max(interpreted["rel"]) < 0.03, interpreted["rel"]
+
+
+def test_interpreted_backward_is_the_fp8_mlp_s_bf16_backward(interpreted):
+    assert interpreted["shapes_backward"] == [[[72, 64]] * 2, [[256, 64]] * 2, [[256, 64]] * 2]
+    assert max(interpreted["rel_backward"]) < 0.03, interpreted["rel_backward"]
 
 
 def _tiny(device: str = "cpu") -> tuple[RecordGPT, tuple]:
@@ -101,8 +113,32 @@ def test_an_fp8_training_forward_does_not_reach_the_seam():
         assert len(calls) == model.cfg.num_layers
 
 
+def test_an_fp8_training_backward_reaches_the_backward_seam_on_every_layer():
+    model, args = _tiny()
+    model.fp8 = record_fp8.Fp8Training(record_fp8.RECORD_FP8, None, model.cfg.mlp_bank_layers)
+    model.fp8.refresh(model.mlp_bank, bootstrap=True)
+    calls = []
+
+    def spy(*t):
+        calls.append(tuple(x.dtype for x in t))
+        return record_fp8.mlp_backward_bf16(*t)
+
+    def grad(kernels):
+        model.kernels = kernels
+        model.zero_grad()
+        model(*args, dtype=torch.bfloat16).float().square().sum().backward()
+        return model.mlp_bank.grad.clone()
+
+    model.train()
+    want = grad(RecordKernels())
+    got = grad(RecordKernels(mlp_backward=spy))
+    assert calls == [(torch.bfloat16,) * 5] * model.cfg.num_layers
+    assert torch.equal(got, want)  # the seam passes the reference's own function through
+
+
 def test_the_choice_on_the_cpu():
-    assert record_attention.pick("auto", torch.device("cpu")).mlp is None
+    kernels = record_attention.pick("auto", torch.device("cpu"))
+    assert kernels.mlp is None and kernels.mlp_backward is None
 
 
 @pytest.mark.gpu
@@ -132,6 +168,29 @@ def test_gpu_kernels_at_record_size():
         rel = ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
         assert rel < 1e-2, rel
         assert (got != want).float().mean().item() < 0.2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_fp8_mlp_backward_at_record_size():
+    """The FP8 MLP's bf16 backward by the kernel against `mlp_backward_bf16`, one layer of one
+    micro-step: the products sum in other orders, so a few bfloat16 values differ by a step."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the kernels serve capability 9.0")
+    assert record_attention.pick("auto", torch.device("cuda")).mlp_backward is record_attention.relu2_backward
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    n, d, f = 49152, 768, 3072
+    a = torch.nn.functional.rms_norm(torch.randn(n, d, device="cuda", generator=gen), (d,)).bfloat16()
+    bound = 3**0.5 * 0.5 * d**-0.5
+    w1, w2 = (((torch.rand(f, d, device="cuda", generator=gen) * 2 - 1) * bound).bfloat16() for _ in range(2))
+    g = (torch.randn(n, d, device="cuda", generator=gen) * 1e-3).bfloat16()
+    post = (a @ w1.T).float().relu().square().bfloat16()
+    got = record_attention.relu2_backward(g, a, w1, w2, post)
+    want = record_fp8.mlp_backward_bf16(g, a, w1, w2, post)
+    for x, y in zip(got, want):
+        assert x.dtype == y.dtype == torch.bfloat16 and x.shape == y.shape
+        assert ((x.float() - y.float()).abs().max() / y.float().abs().max()).item() < 1e-2
+        assert (x != y).float().mean().item() < 0.2
 
 
 @pytest.mark.gpu

@@ -1,7 +1,8 @@
 """What serves the 2026 record's seams on a CUDA GPU (`RecordGPT.kernels`): torch's FlashAttention
 varlen with a sliding window for `attend` and `dc_term`, `torch._scaled_mm` for the FP8 products,
-the fused head loss (`record_ce`) for the training loss, and on Hopper the ReLU² kernels of
-`relu2_mlp` for the MLP where it runs in bf16 (evaluation, or training with `fp8.mlp` off).
+the fused head loss (`record_ce`) for the training loss (with the FP8 head's products when it
+trains), and on Hopper the ReLU² kernels of `relu2_mlp` for the MLP where it runs in bf16
+(evaluation, or training with `fp8.mlp` off) and for the FP8 MLP's bf16 backward.
 
 The record's bf16 MLP is the 2025 model's function with W2 stored transposed: relu(a·W1ᵀ)² rounded
 to bf16, its backward dpre = 2·(g·W2ᵀ)·√post with relu(pre) recovered from post (spec "FP8", the
@@ -97,11 +98,20 @@ def relu2_product(a: Tensor, w1: Tensor, w2: Tensor, impl: str = "auto") -> Tens
     return relu2_mlp.relu2_mlp(a, w1, w2.T, impl)
 
 
+def relu2_backward(g: Tensor, a: Tensor, w1: Tensor, w2: Tensor, post: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """`record_fp8.mlp_backward_bf16` by `relu2_mlp`'s backward: dpre made in the epilogue of g·W2ᵀ
+    (relu(pre) = bf16(√post), the reference's), so neither g·W2ᵀ nor a pass over it is written. The
+    kernel's W2ᵀ is (width, hidden); its dW2ᵀ comes back transposed."""
+    da, dw1, dw2_t = torch.ops.speedrun.relu2_mlp_backward(g.contiguous(), a, w1, w2.T.contiguous(), post)
+    return da, dw1, dw2_t.T
+
+
 def pick(kernels: str, device: torch.device) -> RecordKernels:
     """What serves the record's seams for a run's `train.kernels` on `device`: the one place that
     chooses. The references (an empty `RecordKernels`) on the CPU, under `reference`, and where
     torch has no varlen attention; FP8 products by `_scaled_mm` where the GPU has FP8; the fused
-    head loss and the DC kernels (`record_dc`) on every GPU; the bf16 MLP's kernels where they run
+    head loss and the DC kernels (`record_dc`) on every GPU, the head's FP8 products fused with the
+    loss where FP8 runs; the bf16 MLP's kernels, forward and the FP8 MLP's backward, where they run
     (capability 9.0)."""
     if kernels == "reference" or device.type != "cuda" or _varlen() is None:
         return RecordKernels()
@@ -110,4 +120,4 @@ def pick(kernels: str, device: torch.device) -> RecordKernels:
     dc = record_dc.dc_correction if TRITON_FOUND else varlen_dc
     return RecordKernels("varlen", varlen_attend, dc, scaled_product if fp8 else reference_product,
                          fused_training_loss, relu2_product if hopper else None,
-                         fp8_head_training_loss if fp8 else None)
+                         fp8_head_training_loss if fp8 else None, relu2_backward if hopper else None)

@@ -47,7 +47,8 @@ from torch import Tensor, nn
 
 from speedrun.errors import ConfigError
 from speedrun.model import record_parts
-from speedrun.model.record_fp8 import Fp8Training, Product, fp8_head, fp8_mlp, reference_product
+from speedrun.model.record_fp8 import (Fp8Training, Product, fp8_head, fp8_mlp, mlp_backward_bf16,
+                                       reference_product)
 from speedrun.model.record_loss import record_eval_loss, record_training_loss
 
 # (kind, layer) -> (generator 0 = pre-gate or 1 = post-gate, lanes)
@@ -67,8 +68,9 @@ class RecordKernels:
     float32 sum, as `record_loss.record_training_loss`; mlp(a, w1, w2) -> relu(a·W1ᵀ)²·W2, the bf16
     MLP where FP8 does not serve it, as `record_fp8.mlp_reference`; head_loss(h, lm_head,
     targets_next, mtp_weights, prefix_weight, prefix, fp8_cfg, fp8_product) -> the float32 sum, as
-    `RecordGPT.head_loss` with the FP8 head. attend, dc, loss and head_loss serve half-precision
-    inputs only, mlp bfloat16 only."""
+    `RecordGPT.head_loss` with the FP8 head; mlp_backward(g, a, w1, w2, post) -> (da, dW1, dW2), the
+    FP8 MLP's bf16 backward, as `record_fp8.mlp_backward_bf16`. attend, dc, loss and head_loss serve
+    half-precision inputs only, mlp bfloat16 only."""
 
     name: str = "reference"
     attend: Callable | None = None
@@ -77,6 +79,7 @@ class RecordKernels:
     loss: Callable | None = None
     mlp: Callable | None = None
     head_loss: Callable | None = None
+    mlp_backward: Callable | None = None
 
 
 @dataclass(frozen=True)
@@ -517,7 +520,8 @@ class RecordGPT(nn.Module):
         """relu(a·W1ᵀ)²·W2 of one layer, in a's dtype: the seam of the FP8 MLP."""
         w1, w2 = self.mlp_bank[layer, 0].to(a.dtype), self.mlp_bank[layer, 1].to(a.dtype)
         if self.training and self.fp8 is not None and self.fp8.mlp is not None:
-            return fp8_mlp(a, w1, w2, self.fp8.mlp[layer], True, self.kernels.fp8_product)
+            backward = self.kernels.mlp_backward or mlp_backward_bf16
+            return fp8_mlp(a, w1, w2, self.fp8.mlp[layer], True, self.kernels.fp8_product, backward)
         if self.kernels.mlp is not None and a.dtype == torch.bfloat16:
             return self.kernels.mlp(a, w1, w2)
         return F.relu(a @ w1.T).square() @ w2

@@ -231,11 +231,16 @@ def mlp_down_fp8(post: Tensor, w2_f8_t: Tensor, s_w2: Tensor, s_act: Tensor,
 
 
 def mlp_backward_bf16(g: Tensor, a: Tensor, w1: Tensor, w2: Tensor, post: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """(da, dW1, dW2) in bf16 for the upstream gradient g (n, 768): relu(pre) = √post,
-    dpre = 2·(g·W2ᵀ)·√post, dW2 = postᵀ·g, dW1 = dpreᵀ·a, da = dpre·W1."""
+    """(da, dW1, dW2) in bf16 for the upstream gradient g (n, 768): relu(pre) = √post in bf16 (the
+    spec's bf16 backward; for a bf16 relu(pre) in range it is exactly that value, `relu2_mlp`'s
+    docstring), dpre = 2·(g·W2ᵀ)·√post rounded once, dW2 = postᵀ·g, dW1 = dpreᵀ·a, da = dpre·W1.
+    The seam of `RecordKernels.mlp_backward`, whose kernel makes dpre in the product's epilogue."""
     h = _mm_bf16(g, w2.T)
-    dpre = (2.0 * h.to(F32) * post.to(F32).sqrt()).to(BF16)
+    dpre = (2.0 * h.to(F32) * post.to(BF16).sqrt().to(F32)).to(BF16)
     return _mm_bf16(dpre, w1), _mm_bf16(dpre.T, a), _mm_bf16(post.T, g)
+
+
+MlpBackward = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor, Tensor]]
 
 
 def mlp_reference(a: Tensor, w1: Tensor, w2: Tensor) -> Tensor:
@@ -318,11 +323,12 @@ class _Fp8Mlp(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, a: Tensor, w1: Tensor, w2: Tensor, w1_f8: Tensor, s_w1: Tensor, w2_f8_t: Tensor, s_w2: Tensor,
-                s_act: Tensor, cfg: Fp8Config, product: Product) -> tuple[Tensor, Tensor]:
+                s_act: Tensor, cfg: Fp8Config, product: Product, backward: MlpBackward) -> tuple[Tensor, Tensor]:
         flat = a.reshape(-1, a.shape[-1])
         _, post = mlp_up_fp8(flat, w1_f8, s_w1, cfg, product)
         out = mlp_down_fp8(post, w2_f8_t, s_w2, s_act, cfg, product)
         ctx.save_for_backward(flat, w1, w2, post)
+        ctx.backward = backward
         next_s_act = amax_scale(post, cfg.act_headroom, cfg)
         ctx.mark_non_differentiable(next_s_act)
         return out.view(*a.shape[:-1], w2.shape[1]), next_s_act
@@ -330,17 +336,17 @@ class _Fp8Mlp(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g: Tensor, _: Tensor):
         flat, w1, w2, post = ctx.saved_tensors
-        da, dw1, dw2 = mlp_backward_bf16(g.reshape(-1, g.shape[-1]), flat, w1, w2, post)
-        return (da.view(*g.shape[:-1], w1.shape[1]), dw1, dw2) + (None,) * 7
+        da, dw1, dw2 = ctx.backward(g.reshape(-1, g.shape[-1]), flat, w1, w2, post)
+        return (da.view(*g.shape[:-1], w1.shape[1]), dw1, dw2) + (None,) * 8
 
 
 def fp8_mlp(a: Tensor, w1: Tensor, w2: Tensor, state: Fp8MlpState, training: bool,
-            product: Product = reference_product) -> Tensor:
+            product: Product = reference_product, backward: MlpBackward = mlp_backward_bf16) -> Tensor:
     """The record's MLP relu(a·W1ᵀ)²·W2 for the normed a (..., 768), W1 and W2 (3072, 768), all bf16.
 
     Training: the FP8 forward with `state`'s quantised weights (which `state.refresh` made from
     these W1, W2 after the last optimiser step), then s_act is updated from this forward's post;
-    the backward is bf16. Eval: `mlp_reference`, state untouched."""
+    the backward is bf16 (`backward`, as `mlp_backward_bf16`). Eval: `mlp_reference`, state untouched."""
     for name, t in (("a", a), ("W1", w1), ("W2", w2)):
         if t.dtype != BF16:
             raise TypeError(f"fp8_mlp takes bf16 tensors; {name} is {t.dtype}")
@@ -349,7 +355,7 @@ def fp8_mlp(a: Tensor, w1: Tensor, w2: Tensor, state: Fp8MlpState, training: boo
     if not state.ready:
         raise RuntimeError("fp8_mlp: refresh the FP8 state (bootstrap=True) before the first training forward")
     out, state.s_act = _Fp8Mlp.apply(a, w1, w2, state.w1_f8, state.s_w1, state.w2_f8_t, state.s_w2, state.s_act,
-                                     state.cfg, product)
+                                     state.cfg, product, backward)
     return out
 
 
