@@ -14,8 +14,12 @@ kernel reads the bf16 logits twice and writes the gradient once:
 with S_t the sum of row t's weights. That is the exact gradient of the loss it reports, as autograd
 gives the reference's (the record's own kernel uses Σ_k w_k on the last K − 1 rows too; the spec's
 "Unresolved" notes it). A program takes `BLOCK_ROWS` rows and sweeps the vocabulary twice in
-(rows, `BLOCK_V`) tiles; each row's targets (at most `MAX_TERMS` MTP terms and the prefix) are loaded
-once. The gradient takes one of two forms:
+(rows, `BLOCK_V`) tiles. The second sweep writes S_t·softmax·σ′ alone; the (at most `MAX_TERMS` MTP
+terms and the prefix) target columns of each row are then written again with their weights
+subtracted, after a barrier, so the sweep compares no column with five targets. Offsets inside the
+block are int32 and only the block's base is int64 (n·V passes 2^31): the tiles' registers stay at
+59–128 a thread with no spills (compiled for sm_90 offline; `tests/test_record_kernel_resources.py`).
+The gradient takes one of two forms:
 
 - bf16 (n, V), which the backward multiplies by each row's upstream gradient in place: nothing else
   holds it (`softcap_ce`'s reasoning, which this follows). `fused_training_loss`, `RecordKernels.loss`.
@@ -45,15 +49,16 @@ from speedrun.model.record_parts import SOFTCAP
 MAX_TERMS = 4  # MTP terms the kernel takes (the record has at most 3)
 BLOCK_ROWS, BLOCK_V = 32, 256  # a program's rows, and the columns of one sweep step
 E5M2_MAX = 57344.0  # e5m2's largest finite value: the saturating gradient's bound
+NUM_WARPS, NUM_STAGES = 8, 3
 
 triton = tl = None  # set by built_once on first use
-_mtp_ce_kernel = _round_e5m2 = _term = _term_loss = None
+_mtp_ce_kernel = _terms = _round_e5m2 = _store_grad = _target_grad = _term = _term_loss = None
 
 
 @built_once
 def _build(interpreted: bool):
     """Define the kernel once (`built_once`); its helpers are module globals, as the interpreter needs."""
-    global _mtp_ce_kernel, _round_e5m2, _term, _term_loss
+    global _mtp_ce_kernel, _terms, _round_e5m2, _store_grad, _target_grad, _term, _term_loss
 
     @triton.jit
     def _term(TN, W, rows, n, k: tl.constexpr, K: tl.constexpr):
@@ -66,6 +71,21 @@ def _build(interpreted: bool):
             t = rows * 0
             w = valid.to(tl.float32) * 0.0
         return t, w
+
+    @triton.jit
+    def _terms(TN, PRE, W, PI, rows, live, n, K: tl.constexpr, HAS_PREFIX: tl.constexpr):
+        """(target, weight) of the four MTP terms and the prefix term of each row."""
+        t0, w0 = _term(TN, W, rows, n, 0, K)
+        t1, w1 = _term(TN, W, rows, n, 1, K)
+        t2, w2 = _term(TN, W, rows, n, 2, K)
+        t3, w3 = _term(TN, W, rows, n, 3, K)
+        if HAS_PREFIX:
+            pre = tl.load(PRE + tl.load(TN + rows, mask=live, other=0), mask=live, other=-1)
+            tp = tl.where(pre >= 0, pre, 0).to(tl.int64)
+            wp = tl.load(PI) * (pre >= 0).to(tl.float32)
+        else:
+            tp, wp = t0, w0 * 0.0
+        return t0, w0, t1, w1, t2, w2, t3, w3, tp, wp
 
     @triton.jit
     def _round_e5m2(x):
@@ -84,32 +104,50 @@ def _build(interpreted: bool):
         return w * (lse - cap / (1.0 + tl.exp(-(zt + shift) * inv_div)))
 
     @triton.jit
+    def _store_grad(G, GT, row_off, col_off_t, g, ok, g_mult, g_max, GRAD: tl.constexpr):
+        """g at G + row_off (bf16, GRAD 1), or its e5m2 form there and at GT + col_off_t (GRAD 2)."""
+        if GRAD == 1:
+            tl.store(G + row_off, g.to(G.dtype.element_ty), mask=ok)
+        else:
+            q = _round_e5m2(tl.minimum(tl.maximum(g * g_mult, -g_max), g_max)).to(G.dtype.element_ty)
+            tl.store(G + row_off, q, mask=ok)
+            tl.store(GT + col_off_t, q, mask=ok)
+
+    @triton.jit
+    def _target_grad(Z, G, GT, rows, live, n, stride_z, t, t0, w0, t1, w1, t2, w2, t3, w3, tp, wp, total, lse,
+                     cap, shift, inv_div, g_mult, g_max, V: tl.constexpr, GRAD: tl.constexpr):
+        """The gradient at column t of each row, with every target equal to t subtracted: the sweep
+        writes (S·p)·σ′ alone, and this overwrites the (at most five) target columns a row has."""
+        zt = tl.load(Z + rows * stride_z + t, mask=live, other=0.0).to(tl.float32)
+        sig = 1.0 / (1.0 + tl.exp(-(zt + shift) * inv_div))
+        hit = (tl.where(t0 == t, w0, 0.0) + tl.where(t1 == t, w1, 0.0) + tl.where(t2 == t, w2, 0.0)
+               + tl.where(t3 == t, w3, 0.0) + tl.where(tp == t, wp, 0.0))
+        g = (total * tl.exp(cap * sig - lse) - hit) * (cap * inv_div) * sig * (1.0 - sig)
+        _store_grad(G, GT, rows * V + t, t * n + rows, g, live, g_mult, g_max, GRAD)
+
+    @triton.jit
     def _mtp_ce_kernel(Z, TN, PRE, W, PI, LOSS, G, GT, n, stride_z, cap, shift, inv_div, g_mult, g_max,
                        V: tl.constexpr, K: tl.constexpr, HAS_PREFIX: tl.constexpr, GRAD: tl.constexpr,
                        BM: tl.constexpr, BV: tl.constexpr):
-        rows = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)  # int64: n x V passes 2^31
+        # int64 for the block's first row and whatever is addressed from it across the whole (n, V)
+        # (n·V passes 2^31); int32 offsets inside the block keep the tiles' registers down
+        row0 = tl.program_id(0).to(tl.int64) * BM
+        r = tl.arange(0, BM)
+        rows = row0 + r
         live = rows < n
-        z_rows = Z + rows * stride_z
         cols = tl.arange(0, BV)
+        z_tile = Z + row0 * stride_z + r[:, None] * stride_z
         acc = tl.zeros((BM, BV), tl.float32)
         for v0 in range(0, V, BV):
             idx = v0 + cols
             ok = live[:, None] & (idx < V)[None, :]
-            zf = tl.load(z_rows[:, None] + idx[None, :], mask=ok, other=0.0).to(tl.float32)
+            zf = tl.load(z_tile + idx[None, :], mask=ok, other=0.0).to(tl.float32)
             s = cap / (1.0 + tl.exp(-(zf + shift) * inv_div))
             acc += tl.where(ok, tl.exp(s - cap), 0.0)
         lse = cap + tl.log(tl.where(live, tl.sum(acc, axis=1), 1.0))
 
-        t0, w0 = _term(TN, W, rows, n, 0, K)
-        t1, w1 = _term(TN, W, rows, n, 1, K)
-        t2, w2 = _term(TN, W, rows, n, 2, K)
-        t3, w3 = _term(TN, W, rows, n, 3, K)
-        if HAS_PREFIX:
-            pre = tl.load(PRE + tl.load(TN + rows, mask=live, other=0), mask=live, other=-1)
-            tp = tl.where(pre >= 0, pre, 0).to(tl.int64)
-            wp = tl.load(PI) * (pre >= 0).to(tl.float32)
-        else:
-            tp, wp = t0, w0 * 0.0
+        t0, w0, t1, w1, t2, w2, t3, w3, tp, wp = _terms(TN, PRE, W, PI, rows, live, n, K, HAS_PREFIX)
+        z_rows = Z + rows * stride_z
         loss = (_term_loss(z_rows, live, t0, w0, lse, cap, shift, inv_div)
                 + _term_loss(z_rows, live, t1, w1, lse, cap, shift, inv_div)
                 + _term_loss(z_rows, live, t2, w2, lse, cap, shift, inv_div)
@@ -118,24 +156,29 @@ def _build(interpreted: bool):
         tl.store(LOSS + rows, loss, mask=live)
 
         if GRAD > 0:
-            total = (w0 + w1 + w2 + w3 + wp)[:, None]
+            total = w0 + w1 + w2 + w3 + wp
+            s_tile = total[:, None] * (cap * inv_div)
+            g_tile = G + row0 * V + r[:, None] * V
+            gt_tile = GT + row0 + r[:, None]  # the sweep step's first column; moves on by BV·n a step
             for v0 in range(0, V, BV):
                 idx = v0 + cols
                 ok = live[:, None] & (idx < V)[None, :]
-                zf = tl.load(z_rows[:, None] + idx[None, :], mask=ok, other=0.0).to(tl.float32)
+                zf = tl.load(z_tile + idx[None, :], mask=ok, other=0.0).to(tl.float32)
                 sig = 1.0 / (1.0 + tl.exp(-(zf + shift) * inv_div))
-                p = tl.exp(cap * sig - lse[:, None])
-                c = idx[None, :].to(tl.int64)  # the transpose's offset c·n passes 2^31 at the record's shapes
-                hit = (tl.where(c == t0[:, None], w0[:, None], 0.0) + tl.where(c == t1[:, None], w1[:, None], 0.0)
-                       + tl.where(c == t2[:, None], w2[:, None], 0.0) + tl.where(c == t3[:, None], w3[:, None], 0.0)
-                       + tl.where(c == tp[:, None], wp[:, None], 0.0))
-                g = (total * p - hit) * (cap * inv_div) * sig * (1.0 - sig)
-                if GRAD == 1:
-                    tl.store(G + rows[:, None] * V + c, g.to(G.dtype.element_ty), mask=ok)
-                else:  # the e5m2 pair: (n, V) and its transpose, saturating at ±g_max
-                    q = _round_e5m2(tl.minimum(tl.maximum(g * g_mult, -g_max), g_max)).to(G.dtype.element_ty)
-                    tl.store(G + rows[:, None] * V + c, q, mask=ok)
-                    tl.store(GT + c * n + rows[:, None], q, mask=ok)
+                g = s_tile * tl.exp(cap * sig - lse[:, None]) * sig * (1.0 - sig)
+                _store_grad(g_tile, gt_tile, idx[None, :], cols[None, :] * n, g, ok, g_mult, g_max, GRAD)
+                gt_tile += BV * n
+            tl.debug_barrier()  # every thread's sweep stores land before the target columns' overwrite
+            _target_grad(Z, G, GT, rows, live, n, stride_z, t0, t0, w0, t1, w1, t2, w2, t3, w3, tp, wp, total, lse,
+                         cap, shift, inv_div, g_mult, g_max, V, GRAD)
+            _target_grad(Z, G, GT, rows, live, n, stride_z, t1, t0, w0, t1, w1, t2, w2, t3, w3, tp, wp, total, lse,
+                         cap, shift, inv_div, g_mult, g_max, V, GRAD)
+            _target_grad(Z, G, GT, rows, live, n, stride_z, t2, t0, w0, t1, w1, t2, w2, t3, w3, tp, wp, total, lse,
+                         cap, shift, inv_div, g_mult, g_max, V, GRAD)
+            _target_grad(Z, G, GT, rows, live, n, stride_z, t3, t0, w0, t1, w1, t2, w2, t3, w3, tp, wp, total, lse,
+                         cap, shift, inv_div, g_mult, g_max, V, GRAD)
+            _target_grad(Z, G, GT, rows, live, n, stride_z, tp, t0, w0, t1, w1, t2, w2, t3, w3, tp, wp, total, lse,
+                         cap, shift, inv_div, g_mult, g_max, V, GRAD)
 
     return _mtp_ce_kernel
 
@@ -161,8 +204,30 @@ def launch(z: Tensor, targets_next: Tensor, weights: Tensor, prefix_weight: Tens
         kernel[(triton.cdiv(n, BLOCK_ROWS),)](
             z, targets_next.contiguous(), prefix, weights.contiguous(), prefix_weight, losses, grad, grad_t, n,
             z.stride(0), cap, shift, 1.0 / divisor, e5m2_mult, E5M2_MAX, V=V, K=weights.numel(),
-            HAS_PREFIX=has_prefix, GRAD=mode, BM=BLOCK_ROWS, BV=BLOCK_V, num_warps=8)
+            HAS_PREFIX=has_prefix, GRAD=mode, BM=BLOCK_ROWS, BV=BLOCK_V, num_warps=NUM_WARPS,
+            num_stages=NUM_STAGES)
     return losses, grad, grad_t
+
+
+def compile_offline(grad: int):
+    """Compile the kernel for sm_90 at the record's vocabulary without a GPU (Triton's bundled ptxas),
+    gradient form `grad` (0 none, 1 bf16, 2 the e5m2 pair); the CompiledKernel."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    kernel = _build()
+    consts = dict(V=50304, K=3, HAS_PREFIX=True, GRAD=grad, BM=BLOCK_ROWS, BV=BLOCK_V)
+    types = {"Z": "*bf16", "TN": "*i64", "PRE": "*i64", "G": "*fp8e5" if grad == 2 else "*bf16",
+             "GT": "*fp8e5", "n": "i32", "stride_z": "i32"}
+    scalars = ("cap", "shift", "inv_div", "g_mult", "g_max")
+    signature = {a: "constexpr" if a in consts else ("fp32" if a in scalars else types.get(a, "*fp32"))
+                 for a in kernel.arg_names}
+    # the launch's specialisations at the record's shapes: 16-byte aligned tensors, n and the row
+    # stride multiples of 16
+    aligned = [a for a in kernel.arg_names if signature[a].startswith("*")] + ["n", "stride_z"]
+    attrs = {(kernel.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
+    return triton.compile(ASTSource(kernel, signature, consts, attrs), target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": NUM_WARPS, "num_stages": NUM_STAGES})
 
 
 @torch.library.custom_op("speedrun::record_mtp_ce", mutates_args=())

@@ -210,6 +210,26 @@ def _build(interpreted: bool):
     return _dc_forward, _dc_backward_q, _dc_backward_kv
 
 
+def compile_offline(which: str):
+    """Compile kernel `which` ("forward", "dq", "dkdv") for sm_90 at the record's shapes without a GPU
+    (Triton's bundled ptxas), as the GPU compiles it; the CompiledKernel (its shared memory and
+    registers are what a launch needs: `relu2_gluon.resource_usage`)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    kernel = dict(zip(("forward", "dq", "dkdv"), _build()))[which]
+    consts = dict(H=6, D=128, B=BLOCK, W=111, WIDEN=False)
+    types = {"START": "*i32", "n": "i32", "sq": "i32", "sk": "i32", "sv": "i32", "scale": "fp32"}
+    types.update({name: "*bf16" for name in ("Q", "K", "V", "DQ", "DK", "DV")})
+    signature = {a: "constexpr" if a in consts else types.get(a, "*fp32") for a in kernel.arg_names}
+    # the launch's specialisations at the record's shapes: 16-byte aligned tensors, n and the row
+    # strides multiples of 16
+    aligned = [a for a in kernel.arg_names if signature[a].startswith("*")] + ["n", "sq", "sk", "sv"]
+    attrs = {(kernel.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned if a in kernel.arg_names}
+    return triton.compile(ASTSource(kernel, signature, consts, attrs), target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": NUM_WARPS, "num_stages": NUM_STAGES})
+
+
 def doc_starts(cu_seqlens: Tensor, n: int) -> Tensor:
     """int32 (n,): the first position of each token's document (cu_seqlens padded by repeating n): each
     start marked at its own position, then the running maximum. (Inductor 2.11 cannot lower
