@@ -152,7 +152,7 @@ def main(data_dir: str, out: str, seconds: float = 3.0, smoke: bool = False) -> 
 
     if not smoke:
         run("spin", lambda: torch.cuda._sleep(int(2e6)))
-    w1, w2 = rnd(4 * d, d) * d ** -0.5, rnd(d, 4 * d) * (4 * d) ** -0.5
+    w1 = rnd(4 * d, d) * d ** -0.5
     xm = x.detach()[0]
     run("bf16_mm", lambda: xm @ w1.t())
     if not smoke:  # the head's forward product alone: FP8, 49,152 x 768 x 50,304
