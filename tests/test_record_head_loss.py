@@ -71,6 +71,27 @@ _INTERPRETED = textwrap.dedent(r'''
     e = fp8_head_training_loss(x, w, t, weights, pi, prefix, cfg)
     eg = torch.autograd.grad(e, (x, w))
     out["compiled"] = [c.item() == e.item(), all(torch.equal(a, b) for a, b in zip(cg, eg))]
+
+    # the tiny model in FP8 training: the fused path through the seam against the references
+    from speedrun.kernels.record_ce import fused_training_loss
+    from speedrun.model.record import RecordGPT, RecordKernels, RecordModelConfig
+    from speedrun.model.record_fp8 import Fp8Training
+    model = RecordGPT(RecordModelConfig.tiny(), generator=torch.Generator().manual_seed(0))
+    model.fp8 = Fp8Training(cfg, head_grad_scale=0.5, mlp_layers=0)
+    tokens = torch.randint(0, 127, (65,), generator=g)
+    cu = torch.tensor([0, 40, 64], dtype=torch.int32)
+
+    def model_grads(kernels):
+        model.kernels = kernels
+        model.zero_grad()
+        loss = model.training_loss(tokens[:-1], tokens[1:], cu, (8, 16), 0.1, [1.0, 0.5], 0.0,
+                                   torch.full((128,), -1), dtype=torch.bfloat16)
+        (loss * 0.5).backward()
+        return loss.item(), model.lm_head.grad.float().clone(), model.embed.grad.float().clone()
+
+    ref = model_grads(RecordKernels())
+    got = model_grads(RecordKernels(loss=fused_training_loss, head_loss=fp8_head_training_loss))
+    out["model"] = [ref[0], got[0], rel(got[1], ref[1]), rel(got[2], ref[2])]
     print("RESULT " + json.dumps(out))
 ''')
 
@@ -100,6 +121,12 @@ def test_the_gradient_saturates_instead_of_overflowing(interpreted):
 
 def test_it_compiles_whole(interpreted):
     assert interpreted["compiled"] == [True, True]
+
+
+def test_the_model_trains_through_it_as_through_the_references(interpreted):
+    ref_loss, loss, rel_head, rel_embed = interpreted["model"]
+    assert loss == pytest.approx(ref_loss, rel=1e-5)
+    assert rel_head < 0.04 and rel_embed < 0.04, (rel_head, rel_embed)
 
 
 def _spy_model():
