@@ -49,7 +49,7 @@ from speedrun.model.record_parts import SOFTCAP
 MAX_TERMS = 4  # MTP terms the kernel takes (the record has at most 3)
 BLOCK_ROWS, BLOCK_V = 32, 256  # a program's rows, and the columns of one sweep step
 E5M2_MAX = 57344.0  # e5m2's largest finite value: the saturating gradient's bound
-NUM_WARPS, NUM_STAGES = 8, 3
+NUM_WARPS = 8
 
 triton = tl = None  # set by built_once on first use
 _mtp_ce_kernel = _terms = _round_e5m2 = _store_grad = _target_grad = _term = _term_loss = None
@@ -204,8 +204,7 @@ def launch(z: Tensor, targets_next: Tensor, weights: Tensor, prefix_weight: Tens
         kernel[(triton.cdiv(n, BLOCK_ROWS),)](
             z, targets_next.contiguous(), prefix, weights.contiguous(), prefix_weight, losses, grad, grad_t, n,
             z.stride(0), cap, shift, 1.0 / divisor, e5m2_mult, E5M2_MAX, V=V, K=weights.numel(),
-            HAS_PREFIX=has_prefix, GRAD=mode, BM=BLOCK_ROWS, BV=BLOCK_V, num_warps=NUM_WARPS,
-            num_stages=NUM_STAGES)
+            HAS_PREFIX=has_prefix, GRAD=mode, BM=BLOCK_ROWS, BV=BLOCK_V, num_warps=NUM_WARPS)
     return losses, grad, grad_t
 
 
@@ -227,7 +226,7 @@ def compile_offline(grad: int):
     aligned = [a for a in kernel.arg_names if signature[a].startswith("*")] + ["n", "stride_z"]
     attrs = {(kernel.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
     return triton.compile(ASTSource(kernel, signature, consts, attrs), target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": NUM_WARPS, "num_stages": NUM_STAGES})
+                          options={"num_warps": NUM_WARPS})
 
 
 @torch.library.custom_op("speedrun::record_mtp_ce", mutates_args=())
