@@ -42,8 +42,8 @@ import torch
 from torch import Tensor
 
 from speedrun.kernels.choice import built_once
-from speedrun.model.record_fp8 import (RECORD_FP8, Fp8Config, Product, head_forward, head_quantize_input,
-                                       head_quantize_weight, reference_product)
+from speedrun.model.record_fp8 import (RECORD_FP8, Fp8Config, Product, head_forward, head_grad_w, head_grad_x,
+                                       head_quantize_input, head_quantize_weight, reference_product)
 from speedrun.model.record_parts import SOFTCAP
 
 MAX_TERMS = 4  # MTP terms the kernel takes (the record has at most 3)
@@ -304,17 +304,17 @@ class _Fp8HeadLoss(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g: Tensor):
         x_f8, w_f8, g_f8, g_f8_t = ctx.saved_tensors
-        cfg, product = ctx.cfg, ctx.product
-        g_s = g.float() * cfg.head_grad_factor  # the stored gradient's scale: ĝ·u
-        grad_x = product(g_f8, w_f8, g_s * cfg.head_w_scale, torch.bfloat16)
-        grad_w = product(x_f8.T, g_f8_t, g_s * cfg.head_x_scale, torch.float32)
+        grad_s = g.float() * ctx.cfg.head_grad_factor  # the stored gradient's scale: ĝ·u
+        grad_x = head_grad_x(g_f8, w_f8, grad_s, ctx.cfg, ctx.product)
+        # g_f8_t.T: the product reads its transpose, which the kernel wrote contiguous
+        grad_w = head_grad_w(x_f8, g_f8_t.T, grad_s, ctx.cfg, ctx.product)
         return grad_x, grad_w, None, None, None, None, None, None, None
 
 
 def fp8_head_training_loss(h: Tensor, lm_head: Tensor, targets_next: Tensor, mtp_weights: Sequence[float] | Tensor,
                            prefix_weight: float | Tensor, prefix: Tensor, cfg: Fp8Config = RECORD_FP8,
                            product: Product = reference_product) -> Tensor:
-    """`record_training_loss(fp8_head(h, lm_head, ...), ...)` (`RecordGPT.fp8_head_loss`) through the
+    """`record_training_loss(fp8_head(h, lm_head, ...), ...)` (`RecordGPT.head_loss`) through the
     kernel, whose gradient goes to the head's FP8 products as e5m2 without a bf16 (n, V) in between."""
     w, pi, table, has_prefix = _loss_arguments(h.device, mtp_weights, prefix_weight, prefix)
     return _Fp8HeadLoss.apply(h, lm_head, targets_next.long(), w, pi, table, has_prefix, cfg, product)

@@ -79,8 +79,10 @@ RECORD_FP8 = Fp8Config()
 # ---------------------------------------------------------------- shared pieces
 
 
-def _scalar(value: float, like: Tensor) -> Tensor:
-    """A 0-d float32 tensor on like's device."""
+def _scalar(value: float | Tensor, like: Tensor) -> Tensor:
+    """A 0-d float32 tensor on like's device (a tensor value stays on the device: no host read)."""
+    if isinstance(value, Tensor):
+        return value.to(device=like.device, dtype=F32).reshape(())
     return torch.full((), value, dtype=F32, device=like.device)
 
 
@@ -144,14 +146,14 @@ def head_quantize_grad(g: Tensor, grad_s: float, cfg: Fp8Config = RECORD_FP8) ->
     return saturating_e5m2(g.to(F32) / grad_s, cfg)
 
 
-def head_grad_x(g_f8: Tensor, w_f8: Tensor, grad_s: float, cfg: Fp8Config = RECORD_FP8,
+def head_grad_x(g_f8: Tensor, w_f8: Tensor, grad_s: float | Tensor, cfg: Fp8Config = RECORD_FP8,
                 product: Product = reference_product) -> Tensor:
     """grad_x (n, 768) = (g_f8·grad_s)·(w_f8·w_s)ᵀ in bf16."""
     scale = _scalar(grad_s, g_f8) * _scalar(cfg.head_w_scale, g_f8)
     return product(g_f8, w_f8, scale, BF16)
 
 
-def head_grad_w(x_f8: Tensor, g_f8: Tensor, grad_s: float, cfg: Fp8Config = RECORD_FP8,
+def head_grad_w(x_f8: Tensor, g_f8: Tensor, grad_s: float | Tensor, cfg: Fp8Config = RECORD_FP8,
                 product: Product = reference_product) -> Tensor:
     """grad_W (768, V) = (x_f8·x_s)ᵀ·(g_f8·grad_s) in float32 (the weight's (in, out) layout)."""
     scale = _scalar(cfg.head_x_scale, x_f8) * _scalar(grad_s, x_f8)
