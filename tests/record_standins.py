@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from speedrun.kernels.record_attention import dc_by_attention
 from speedrun.model.record import RecordKernels
+from speedrun.model.record_parts import norm
 
 
 def dense_attend(q, k, v, cu_seqlens, window, scale, longest):
@@ -24,6 +24,22 @@ def dense_attend(q, k, v, cu_seqlens, window, scale, longest):
     visible = (doc[:, None] == doc[None, :]) & (j <= i) & (i - j <= window)
     y = F.scaled_dot_product_attention(*(t.transpose(0, 1).float() for t in (q, k, v)), attn_mask=visible, scale=scale)
     return y.transpose(0, 1).to(q.dtype)
+
+
+def dc_by_attention(attend, q, k, v, cu_seqlens, w1, w2, scale, keys=112, eps=1e-6, longest=None):
+    """`record_parts.dc_correction`'s term (n, H, D) float32 through an attention function: for each
+    value head h, one windowed attention (window keys - 1) of every query head against v_h broadcast
+    to every head, mixed over the query heads by w1's norm. q, k, v (n, H, D) or (1, n, H, D)."""
+    if q.dim() == 4:
+        shape = q.shape[1:3]
+        return dc_by_attention(attend, q[0], k[0], v[0], cu_seqlens, w1.reshape(shape), w2.reshape(shape),
+                               scale, keys, eps, longest)[None]
+    w1n = norm(w1.float(), eps)
+    terms = []
+    for h in range(v.shape[1]):
+        spread = attend(q, k, v[:, h:h + 1].expand_as(v).contiguous(), cu_seqlens, keys - 1, scale, longest)
+        terms.append(torch.einsum("ng,ngd->nd", w1n, spread.float()))
+    return w2.float()[..., None] * torch.stack(terms, dim=1)
 
 
 def dense_dc(q, k, v, cu_seqlens, w1, w2, scale, keys, eps, longest):

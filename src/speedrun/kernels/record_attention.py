@@ -21,17 +21,12 @@ passes the stage's cut length (`longest`), a constant of the stage, so that a co
 nothing back from the device; without it the batch's longest document is read once.
 
 Layer 10's DC term has kernels of its own (`record_dc`: the six heads' probabilities mixed once, then
-multiplied by every value head). Without Triton it goes through the same attention kernel:
-term_h(t) = w2_h(t)·Σ_g w1n_g(t)·Σ_j P_g(t, j)·v_h(j), with P_g head g's softmax over the last `keys` keys of t's document, is for each value head h one
-windowed attention of all query heads against head h's values broadcast to every head (window
-keys - 1), mixed over g by w1n: H calls of the kernel instead of the reference's per-document loops.
-`dc_by_attention` takes the attention function, so the CPU tests hold it, with the reference as that
-function, to `record_parts.dc_correction`.
+multiplied by every value head). They replaced six calls of the attention kernel on each value head
+broadcast to every head (85 ms a step of device time at the record's stage 2 on an H200, 2026-12-06,
+against the kernels' 28.5); without Triton the term is the reference's.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -42,9 +37,6 @@ from speedrun.kernels.record_ce import fp8_head_training_loss, fused_training_lo
 from speedrun.kernels.record_fp8 import scaled_product
 from speedrun.model.record import RecordKernels
 from speedrun.model.record_fp8 import reference_product
-from speedrun.model.record_parts import norm
-
-Attend = Callable[[Tensor, Tensor, Tensor, Tensor, int, float, int | None], Tensor]
 
 
 def _varlen():
@@ -68,28 +60,6 @@ def varlen_attend(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, window: i
         longest = int((cu[1:] - cu[:-1]).max())  # one host read
     out = _varlen()(q, k, v, cu, cu, longest, longest, scale=scale, window_size=(window, 0))
     return out[None] if batched else out
-
-
-def dc_by_attention(attend: Attend, q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, w1: Tensor, w2: Tensor,
-                    scale: float, keys: int = 112, eps: float = 1e-6, longest: int | None = None) -> Tensor:
-    """`record_parts.dc_correction`'s term (n, H, D) float32 through `attend` (module docstring); q, k,
-    v (n, H, D) or (1, n, H, D), w1 and w2 (n, H) or (1, n, H)."""
-    if q.dim() == 4:
-        shape = q.shape[1:3]
-        return dc_by_attention(attend, q[0], k[0], v[0], cu_seqlens, w1.reshape(shape), w2.reshape(shape),
-                               scale, keys, eps, longest)[None]
-    w1n = norm(w1.float(), eps)  # (n, H)
-    terms = []
-    for h in range(v.shape[1]):
-        spread = attend(q, k, v[:, h:h + 1].expand_as(v).contiguous(), cu_seqlens, keys - 1, scale, longest)
-        terms.append(torch.einsum("ng,ngd->nd", w1n, spread.float()))
-    return w2.float()[..., None] * torch.stack(terms, dim=1)
-
-
-def varlen_dc(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, w1: Tensor, w2: Tensor, scale: float,
-              keys: int = 112, eps: float = 1e-6, longest: int | None = None) -> Tensor:
-    """`dc_by_attention` through `varlen_attend`: `RecordKernels.dc` on a GPU."""
-    return dc_by_attention(varlen_attend, q, k, v, cu_seqlens, w1, w2, scale, keys, eps, longest)
 
 
 def relu2_product(a: Tensor, w1: Tensor, w2: Tensor, impl: str = "auto") -> Tensor:
@@ -117,7 +87,7 @@ def pick(kernels: str, device: torch.device) -> RecordKernels:
         return RecordKernels()
     capability = torch.cuda.get_device_capability(device)
     fp8, hopper = capability >= (8, 9), capability[0] == 9 and relu2_mlp.TRITON_FOUND
-    dc = record_dc.dc_correction if TRITON_FOUND else varlen_dc
+    dc = record_dc.dc_correction if TRITON_FOUND else None
     return RecordKernels("varlen", varlen_attend, dc, scaled_product if fp8 else reference_product,
                          fused_training_loss, relu2_product if hopper else None,
                          fp8_head_training_loss if fp8 else None, relu2_backward if hopper else None)

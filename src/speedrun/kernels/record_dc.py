@@ -6,8 +6,9 @@ The term (spec "Attention sublayer", DC; `record_parts.dc_correction` is the ref
 
 with P_g head g's softmax of scale·q_g(t)·k_g(j) over the keys j ∈ [t − W, t] of t's document (W =
 keys − 1 = 111). Through an attention kernel it costs one attention per value head, each over all six
-query heads: 36 head pairs, six launches each way, six (n, H, D) copies and float32 mixes
-(`record_attention.dc_by_attention`). M is one (n, W + 1) band shared by every value head, so here a
+query heads: 36 head pairs, six launches each way, six (n, H, D) copies and float32 mixes (85 ms a
+step of device time at the record's stage 2 on an H200, 2026-12-06, where these kernels take 28.5).
+M is one (n, W + 1) band shared by every value head, so here a
 program of 64 queries makes the six heads' scores for its three 64-key tiles (the band's 175 keys),
 sums them into M in registers, and multiplies M by the values of all heads: six score products and
 six value products a block, not 36 and 36. Why the pieces are as they are:
