@@ -13,12 +13,14 @@ kernel reads the bf16 logits twice and writes the gradient once:
 
 with S_t the sum of row t's weights. That is the exact gradient of the loss it reports, as autograd
 gives the reference's (the record's own kernel uses Σ_k w_k on the last K − 1 rows too; the spec's
-"Unresolved" notes it). A program takes `BLOCK_ROWS` rows and sweeps the vocabulary twice in
-(rows, `BLOCK_V`) tiles. The second sweep writes S_t·softmax·σ′ alone; the (at most `MAX_TERMS` MTP
+"Unresolved" notes it). A program takes a block of rows and sweeps the vocabulary twice in (rows,
+columns) tiles (`TILES`). The second sweep writes S_t·softmax·σ′ alone; the (at most `MAX_TERMS` MTP
 terms and the prefix) target columns of each row are then written again with their weights
 subtracted, after a barrier, so the sweep compares no column with five targets. Offsets inside the
 block are int32 and only the block's base is int64 (n·V passes 2^31): the tiles' registers stay at
-59–128 a thread with no spills (compiled for sm_90 offline; `tests/test_record_kernel_resources.py`).
+64–128 a thread with no spills (compiled for sm_90 offline; `tests/test_record_kernel_resources.py`).
+On a GPU the e5m2 codes come from the hardware's cast; under Triton's interpreter from a rounding by
+hand that gives the same codes (`_round_e5m2`).
 The gradient takes one of two forms:
 
 - bf16 (n, V), which the backward multiplies by each row's upstream gradient in place: nothing else
@@ -47,9 +49,11 @@ from speedrun.model.record_fp8 import (RECORD_FP8, Fp8Config, Product, head_forw
 from speedrun.model.record_parts import SOFTCAP
 
 MAX_TERMS = 4  # MTP terms the kernel takes (the record has at most 3)
-BLOCK_ROWS, BLOCK_V = 32, 256  # a program's rows, and the columns of one sweep step
+# (rows a program takes, columns of one sweep step, warps) for each gradient form (none, bf16, the e5m2
+# pair): the e5m2 pair's transposed store writes each column's rows as one run, 128 bytes at 128 rows
+# (runs of 32 ran at 1.5 TB/s in the 2025 head's measurements, `ce_grad_gluon`)
+TILES = {0: (32, 256, 8), 1: (32, 256, 8), 2: (128, 64, 8)}
 E5M2_MAX = 57344.0  # e5m2's largest finite value: the saturating gradient's bound
-NUM_WARPS = 8
 
 triton = tl = None  # set by built_once on first use
 _mtp_ce_kernel = _terms = _round_e5m2 = _store_grad = _target_grad = _term = _term_loss = None
@@ -87,15 +91,22 @@ def _build(interpreted: bool):
             tp, wp = t0, w0 * 0.0
         return t0, w0, t1, w1, t2, w2, t3, w3, tp, wp
 
-    @triton.jit
-    def _round_e5m2(x):
-        """x (within ±57,344) rounded to e5m2's grid in float32, to nearest with ties to even, as torch's
-        cast rounds: the mantissa's 21 dropped bits by integer carry (into the exponent when it
-        overflows, which Triton 3.9's interpreter's own cast misses), subnormals (below 2^-14) on their
-        2^-16 grid by one float addition. The cast that follows is then exact on every backend."""
-        b = x.to(tl.int32, bitcast=True)
-        b = (b + 0xFFFFF + ((b >> 21) & 1)) & -2097152
-        return tl.where(tl.abs(x) < 6.103515625e-05, (x + 192.0) - 192.0, b.to(tl.float32, bitcast=True))
+    if interpreted:
+        @triton.jit
+        def _round_e5m2(x):
+            """x (within ±57,344) rounded to e5m2's grid in float32, to nearest with ties to even, as
+            torch's cast rounds: the mantissa's 21 dropped bits by integer carry (into the exponent when
+            it overflows, which Triton 3.9's interpreter's own cast misses), subnormals (below 2^-14) on
+            their 2^-16 grid by one float addition. The cast that follows is then exact."""
+            b = x.to(tl.int32, bitcast=True)
+            b = (b + 0xFFFFF + ((b >> 21) & 1)) & -2097152
+            return tl.where(tl.abs(x) < 6.103515625e-05, (x + 192.0) - 192.0, b.to(tl.float32, bitcast=True))
+    else:
+        @triton.jit
+        def _round_e5m2(x):
+            """x as it is: the GPU's cast (cvt.rn.satfinite.e5m2x2.f32) rounds to nearest even itself,
+            in one instruction for two elements where the rounding above takes a dozen for one."""
+            return x
 
     @triton.jit
     def _term_loss(z_rows, live, t, w, lse, cap, shift, inv_div):
@@ -201,10 +212,11 @@ def launch(z: Tensor, targets_next: Tensor, weights: Tensor, prefix_weight: Tens
     grad = torch.empty((n, V) if mode else (0,), dtype=dtype, device=z.device)
     grad_t = torch.empty((V, n) if mode == 2 else (0,), dtype=dtype, device=z.device)
     if n:
-        kernel[(triton.cdiv(n, BLOCK_ROWS),)](
+        rows, cols, warps = TILES[mode]
+        kernel[(triton.cdiv(n, rows),)](
             z, targets_next.contiguous(), prefix, weights.contiguous(), prefix_weight, losses, grad, grad_t, n,
             z.stride(0), cap, shift, 1.0 / divisor, e5m2_mult, E5M2_MAX, V=V, K=weights.numel(),
-            HAS_PREFIX=has_prefix, GRAD=mode, BM=BLOCK_ROWS, BV=BLOCK_V, num_warps=NUM_WARPS)
+            HAS_PREFIX=has_prefix, GRAD=mode, BM=rows, BV=cols, num_warps=warps)
     return losses, grad, grad_t
 
 
@@ -215,7 +227,8 @@ def compile_offline(grad: int):
     from triton.compiler import ASTSource
 
     kernel = _build()
-    consts = dict(V=50304, K=3, HAS_PREFIX=True, GRAD=grad, BM=BLOCK_ROWS, BV=BLOCK_V)
+    rows, cols, warps = TILES[grad]
+    consts = dict(V=50304, K=3, HAS_PREFIX=True, GRAD=grad, BM=rows, BV=cols)
     types = {"Z": "*bf16", "TN": "*i64", "PRE": "*i64", "G": "*fp8e5" if grad == 2 else "*bf16",
              "GT": "*fp8e5", "n": "i32", "stride_z": "i32"}
     scalars = ("cap", "shift", "inv_div", "g_mult", "g_max")
@@ -226,7 +239,7 @@ def compile_offline(grad: int):
     aligned = [a for a in kernel.arg_names if signature[a].startswith("*")] + ["n", "stride_z"]
     attrs = {(kernel.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
     return triton.compile(ASTSource(kernel, signature, consts, attrs), target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": NUM_WARPS})
+                          options={"num_warps": warps})
 
 
 @torch.library.custom_op("speedrun::record_mtp_ce", mutates_args=())
