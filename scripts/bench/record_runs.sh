@@ -9,6 +9,7 @@
 #   bench:K    the same for stage K alone (one stage's compile, a profile small enough to bring back);
 #              bench:K:bf16 with the MLP in bf16 (fp8.mlp=false); bench...@old the same of the older tree
 #              in .old/src (`git archive COMMIT src | tar -x -C .old`, carried) on its own compiler cache
+#   ce         the loss kernel's forms and tiles at stage 2's micro-batch (scripts/bench/record_ce_bench.py)
 #   tests      the record's GPU tests (attention, FP8, the fused loss, Adam's kernel), their printed shares
 # e.g. `record_runs.sh 161:0 161:1 bench`. Carry .proxy161 or .proxy322 (scripts/bench/record_carry_sets.py
 # makes them). LIMIT (seconds, default 560) bounds the whole call: an item that would start too late is
@@ -39,9 +40,11 @@ item() {
              bench --preset record --pairs 5 --data .proxy161 --set docs.max_docs_mult=4 "${only[@]}" "${mlp[@]}" \
              --json "$RES/bench-$tag.json" --profile "$RES/profile-$tag.txt" > "$RES/bench-$tag.log" 2>&1
            echo "$tag:"; grep -v '^\s*$' "$RES/bench-$tag.log" | tail -12 ;;
+    ce) (cd scripts/bench && timeout "$(left)" python3 record_ce_bench.py "$RES/record-ce-bench.json") \
+          > "$RES/record-ce-bench.log" 2>&1; grep -E "floor|form" "$RES/record-ce-bench.log" | cut -c1-150 ;;
     tests) timeout "$(left)" python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_record_attention_gpu.py \
              tests/test_record_fp8_gpu.py tests/test_record_ce_gpu.py tests/test_record_adam.py tests/test_record_mlp.py tests/test_record_dc.py tests/test_record_head_loss.py -s > "$RES/gpu-tests.log" 2>&1; tail -3 "$RES/gpu-tests.log" ;;
-    *) echo "usage: $0 161:SEED | 322 | bench | bench:K[:bf16][@old] | tests ..."; exit 2 ;;
+    *) echo "usage: $0 161:SEED | 322 | bench | bench:K[:bf16][@old] | ce | tests ..."; exit 2 ;;
   esac
 }
 gpus_csv
