@@ -57,12 +57,36 @@ E5M2_MAX = 57344.0  # e5m2's largest finite value: the saturating gradient's bou
 
 triton = tl = None  # set by built_once on first use
 _mtp_ce_kernel = _terms = _round_e5m2 = _store_grad = _target_grad = _term = _term_loss = None
+_ex2 = _rcp = _sigmoid = None
 
 
 @built_once
 def _build(interpreted: bool):
     """Define the kernel once (`built_once`); its helpers are module globals, as the interpreter needs."""
     global _mtp_ce_kernel, _terms, _round_e5m2, _store_grad, _target_grad, _term, _term_loss
+    global _ex2, _rcp, _sigmoid
+
+    if not interpreted and torch.version.hip is None:
+        # the PTX instructions themselves: Triton's 2^x and division add range fix-ups around them (a
+        # compare, a select and two multiplies each, in the SASS), which the flushed-to-zero forms skip;
+        # a subnormal exponential or reciprocal is 0 either way in the sums and gradients here
+        @triton.jit
+        def _ex2(x):
+            return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32,
+                                             is_pure=True, pack=1)
+
+        @triton.jit
+        def _rcp(x):
+            return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32,
+                                             is_pure=True, pack=1)
+    else:
+        @triton.jit
+        def _ex2(x):
+            return tl.exp2(x)
+
+        @triton.jit
+        def _rcp(x):
+            return 1.0 / x
 
     @triton.jit
     def _term(TN, W, rows, n, k: tl.constexpr, K: tl.constexpr):
@@ -109,10 +133,15 @@ def _build(interpreted: bool):
             return x
 
     @triton.jit
-    def _term_loss(z_rows, live, t, w, lse, cap, shift, inv_div):
+    def _sigmoid(z, shift, k2):
+        """σ((z + shift)/d) with k2 = −log2(e)/d: one exponential and one reciprocal, base 2."""
+        return _rcp(1.0 + _ex2((z + shift) * k2))
+
+    @triton.jit
+    def _term_loss(z_rows, live, t, w, lse, cap, shift, k2):
         """w·(lse − ẑ[t]) per row."""
         zt = tl.load(z_rows + t, mask=live, other=0.0).to(tl.float32)
-        return w * (lse - cap / (1.0 + tl.exp(-(zt + shift) * inv_div)))
+        return w * (lse - cap * _sigmoid(zt, shift, k2))
 
     @triton.jit
     def _store_grad(G, GT, row_off, col_off_t, g, ok, g_mult, g_max, GRAD: tl.constexpr):
@@ -125,15 +154,15 @@ def _build(interpreted: bool):
             tl.store(GT + col_off_t, q, mask=ok)
 
     @triton.jit
-    def _target_grad(Z, G, GT, rows, live, n, stride_z, t, t0, w0, t1, w1, t2, w2, t3, w3, tp, wp, total, lse,
+    def _target_grad(Z, G, GT, rows, live, n, stride_z, t, t0, w0, t1, w1, t2, w2, t3, w3, tp, wp, total, lse2,
                      cap, shift, inv_div, g_mult, g_max, V: tl.constexpr, GRAD: tl.constexpr):
         """The gradient at column t of each row, with every target equal to t subtracted: the sweep
         writes (S·p)·σ′ alone, and this overwrites the (at most five) target columns a row has."""
         zt = tl.load(Z + rows * stride_z + t, mask=live, other=0.0).to(tl.float32)
-        sig = 1.0 / (1.0 + tl.exp(-(zt + shift) * inv_div))
+        sig = _sigmoid(zt, shift, -inv_div * 1.4426950408889634)
         hit = (tl.where(t0 == t, w0, 0.0) + tl.where(t1 == t, w1, 0.0) + tl.where(t2 == t, w2, 0.0)
                + tl.where(t3 == t, w3, 0.0) + tl.where(tp == t, wp, 0.0))
-        g = (total * tl.exp(cap * sig - lse) - hit) * (cap * inv_div) * sig * (1.0 - sig)
+        g = (total * _ex2((cap * 1.4426950408889634) * sig - lse2) - hit) * (cap * inv_div) * sig * (1.0 - sig)
         _store_grad(G, GT, rows * V + t, t * n + rows, g, live, g_mult, g_max, GRAD)
 
     @triton.jit
@@ -148,22 +177,24 @@ def _build(interpreted: bool):
         live = rows < n
         cols = tl.arange(0, BV)
         z_tile = Z + row0 * stride_z + r[:, None] * stride_z
+        # base 2: σ's exponent (z + a)·k2 and the softmax's 2^(cap2·σ − cap2) = exp(ẑ − c)
+        k2, cap2 = -inv_div * 1.4426950408889634, cap * 1.4426950408889634
         acc = tl.zeros((BM, BV), tl.float32)
         for v0 in range(0, V, BV):
             idx = v0 + cols
             ok = live[:, None] & (idx < V)[None, :]
             zf = tl.load(z_tile + idx[None, :], mask=ok, other=0.0).to(tl.float32)
-            s = cap / (1.0 + tl.exp(-(zf + shift) * inv_div))
-            acc += tl.where(ok, tl.exp(s - cap), 0.0)
+            acc += tl.where(ok, _ex2(cap2 * _sigmoid(zf, shift, k2) - cap2), 0.0)
         lse = cap + tl.log(tl.where(live, tl.sum(acc, axis=1), 1.0))
+        lse2 = lse * 1.4426950408889634
 
         t0, w0, t1, w1, t2, w2, t3, w3, tp, wp = _terms(TN, PRE, W, PI, rows, live, n, K, HAS_PREFIX)
         z_rows = Z + rows * stride_z
-        loss = (_term_loss(z_rows, live, t0, w0, lse, cap, shift, inv_div)
-                + _term_loss(z_rows, live, t1, w1, lse, cap, shift, inv_div)
-                + _term_loss(z_rows, live, t2, w2, lse, cap, shift, inv_div)
-                + _term_loss(z_rows, live, t3, w3, lse, cap, shift, inv_div)
-                + _term_loss(z_rows, live, tp, wp, lse, cap, shift, inv_div))
+        loss = (_term_loss(z_rows, live, t0, w0, lse, cap, shift, k2)
+                + _term_loss(z_rows, live, t1, w1, lse, cap, shift, k2)
+                + _term_loss(z_rows, live, t2, w2, lse, cap, shift, k2)
+                + _term_loss(z_rows, live, t3, w3, lse, cap, shift, k2)
+                + _term_loss(z_rows, live, tp, wp, lse, cap, shift, k2))
         tl.store(LOSS + rows, loss, mask=live)
 
         if GRAD > 0:
@@ -175,20 +206,20 @@ def _build(interpreted: bool):
                 idx = v0 + cols
                 ok = live[:, None] & (idx < V)[None, :]
                 zf = tl.load(z_tile + idx[None, :], mask=ok, other=0.0).to(tl.float32)
-                sig = 1.0 / (1.0 + tl.exp(-(zf + shift) * inv_div))
-                g = s_tile * tl.exp(cap * sig - lse[:, None]) * sig * (1.0 - sig)
+                sig = _sigmoid(zf, shift, k2)
+                g = s_tile * _ex2(cap2 * sig - lse2[:, None]) * sig * (1.0 - sig)
                 _store_grad(g_tile, gt_tile, idx[None, :], cols[None, :] * n, g, ok, g_mult, g_max, GRAD)
                 gt_tile += BV * n
             tl.debug_barrier()  # every thread's sweep stores land before the target columns' overwrite
-            _target_grad(Z, G, GT, rows, live, n, stride_z, t0, t0, w0, t1, w1, t2, w2, t3, w3, tp, wp, total, lse,
+            _target_grad(Z, G, GT, rows, live, n, stride_z, t0, t0, w0, t1, w1, t2, w2, t3, w3, tp, wp, total, lse2,
                          cap, shift, inv_div, g_mult, g_max, V, GRAD)
-            _target_grad(Z, G, GT, rows, live, n, stride_z, t1, t0, w0, t1, w1, t2, w2, t3, w3, tp, wp, total, lse,
+            _target_grad(Z, G, GT, rows, live, n, stride_z, t1, t0, w0, t1, w1, t2, w2, t3, w3, tp, wp, total, lse2,
                          cap, shift, inv_div, g_mult, g_max, V, GRAD)
-            _target_grad(Z, G, GT, rows, live, n, stride_z, t2, t0, w0, t1, w1, t2, w2, t3, w3, tp, wp, total, lse,
+            _target_grad(Z, G, GT, rows, live, n, stride_z, t2, t0, w0, t1, w1, t2, w2, t3, w3, tp, wp, total, lse2,
                          cap, shift, inv_div, g_mult, g_max, V, GRAD)
-            _target_grad(Z, G, GT, rows, live, n, stride_z, t3, t0, w0, t1, w1, t2, w2, t3, w3, tp, wp, total, lse,
+            _target_grad(Z, G, GT, rows, live, n, stride_z, t3, t0, w0, t1, w1, t2, w2, t3, w3, tp, wp, total, lse2,
                          cap, shift, inv_div, g_mult, g_max, V, GRAD)
-            _target_grad(Z, G, GT, rows, live, n, stride_z, tp, t0, w0, t1, w1, t2, w2, t3, w3, tp, wp, total, lse,
+            _target_grad(Z, G, GT, rows, live, n, stride_z, tp, t0, w0, t1, w1, t2, w2, t3, w3, tp, wp, total, lse2,
                          cap, shift, inv_div, g_mult, g_max, V, GRAD)
 
     return _mtp_ce_kernel
