@@ -87,8 +87,13 @@ def _scalar(value: float | Tensor, like: Tensor) -> Tensor:
 
 
 def amax_scale(t: Tensor, headroom: float, cfg: Fp8Config = RECORD_FP8) -> Tensor:
-    """headroom · max|t| / 448 as a 0-d float32 tensor, floored at cfg.scale_floor."""
-    amax = t.detach().abs().amax().to(F32)
+    """headroom · max|t| / 448 as a 0-d float32 tensor, floored at cfg.scale_floor.
+
+    The rows' maxima come first: that reduction runs over the same (rows, columns) loop as the pass
+    that makes post (relu², e4m3 cast) in the compiled MLP, so Inductor can fuse the two, where one
+    reduction over every element is split into chunks of its own and reads post again (8.9 ms a step
+    at stage 2 on an H200, 2026-12-06). A maximum is exact in any order."""
+    amax = t.detach().abs().amax(dim=-1).amax().to(F32)
     return (amax * headroom / cfg.e4m3_max).clamp_min(cfg.scale_floor)
 
 
@@ -191,7 +196,7 @@ def fp8_head(x: Tensor, w: Tensor, grad_scale: float, cfg: Fp8Config = RECORD_FP
 
 def quantize_activation(a: Tensor, cfg: Fp8Config = RECORD_FP8) -> tuple[Tensor, Tensor]:
     """a_f8 = e4m3(a·448 / max|a|) per tensor, and its scale max|a| / 448."""
-    amax = a.detach().abs().amax().to(F32).clamp_min(cfg.scale_floor * cfg.e4m3_max)
+    amax = a.detach().abs().amax(dim=-1).amax().to(F32).clamp_min(cfg.scale_floor * cfg.e4m3_max)  # as amax_scale
     a_f8 = (a.to(F32) * cfg.e4m3_max / amax).to(E4M3)
     return a_f8, amax / cfg.e4m3_max
 
