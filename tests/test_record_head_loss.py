@@ -3,8 +3,8 @@ reference: `record_training_loss` of `record_fp8.fp8_head`'s logits.
 
 The fused path's logit gradient never exists in bf16: the loss kernel writes e5m2(∂loss/∂z / u) and
 its transpose, the layouts the head's two gradient products read. Its codes are the float32
-gradient's own quantisation, entry for entry (the kernel rounds to e5m2's grid by hand, so Triton's
-interpreter gives the GPU's codes). The reference rounds the gradient to bf16, multiplies by the
+gradient's own quantisation, entry for entry (under Triton's interpreter the kernel rounds to e5m2's
+grid by hand, as the GPU's cast does, so the interpreter gives the GPU's codes). The reference rounds the gradient to bf16, multiplies by the
 upstream gradient and then quantises, so a few of its codes land one step away: the two gradients
 differ by about 2 % (of their norm) here, and each is as far from the unquantised gradient as the
 other. The model's seam takes the fused path in FP8 training only.
