@@ -66,7 +66,7 @@ KERNELS = (
            "the same at capability 8.9 and up, else the reference", "model/record_fp8.py's reference_product",
            "tests/test_record_fp8_gpu.py"),
     Kernel("record_loss.record_training_loss (the 2026 record's MTP and prefix head loss, bf16 logits)",
-           "kernels/record_ce.py: a Triton program per 32 rows, the gradient written in the forward",
+           "kernels/record_ce.py: a Triton program per 32–128 rows, the gradient written in the forward",
            "the same, where Triton runs", "model/record_loss.py's record_training_loss",
            "tests/test_record_ce.py, tests/test_record_ce_gpu.py"),
     Kernel("RecordGPT.head_loss with the FP8 head in training",
