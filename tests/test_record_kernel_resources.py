@@ -3,7 +3,7 @@
 A kernel whose shared memory passes the SM's 232,448 bytes compiles and then fails at its first launch
 (`OutOfResources`), which only a GPU run shows. Compiled here with Triton's bundled ptxas at the
 record's shapes and the launch's specialisations (`compile_offline` in each module), each is checked
-against that limit; the loss kernel also for spills (local memory), which its 32-row tiles risk.
+against that limit; the loss kernel also for spills (local memory), which its wide tiles risk.
 
 What this can miss: the amount depends on Triton's version. The DC kernels' dQ kernel before
 `5af60c8` needed 180,224 bytes under Triton 3.9 (CI's) and 278,528 under 3.6 (the GPU machine's),

@@ -67,14 +67,14 @@ E5M2_MAX = 57344.0  # e5m2's largest finite value: the saturating gradient's bou
 
 triton = tl = None  # set by built_once on first use
 _mtp_ce_kernel = _terms = _round_e5m2 = _store_grad = _target_grad = _term = _term_loss = None
-_ex2 = _rcp = _sigmoid = _sigmoid_pair = None
+_ex2 = _rcp = _sigmoid = _sigmoid_pair = _sweep_step = _base2 = None
 
 
 @built_once
 def _build(interpreted: bool):
     """Define the kernel once (`built_once`); its helpers are module globals, as the interpreter needs."""
     global _mtp_ce_kernel, _terms, _round_e5m2, _store_grad, _target_grad, _term, _term_loss
-    global _ex2, _rcp, _sigmoid, _sigmoid_pair
+    global _ex2, _rcp, _sigmoid, _sigmoid_pair, _sweep_step, _base2
 
     if not interpreted and torch.version.hip is None:
         # the PTX instructions themselves: Triton's 2^x and division add range fix-ups around them (a
@@ -143,6 +143,11 @@ def _build(interpreted: bool):
             return x
 
     @triton.jit
+    def _base2(x):
+        """x·log2(e): a natural exponent or logarithm in base-2 units."""
+        return x * 1.4426950408889634
+
+    @triton.jit
     def _sigmoid(z, shift, k2):
         """σ((z + shift)/d) with k2 = −log2(e)/d: one exponential and one reciprocal, base 2."""
         return _rcp(1.0 + _ex2((z + shift) * k2))
@@ -156,6 +161,18 @@ def _build(interpreted: bool):
         db = 1.0 + _ex2(tl.minimum((zb + shift) * k2, 63.0))
         r = _rcp(da * db)
         return db * r, da * r
+
+    @triton.jit
+    def _sweep_step(z_tile, v0, cols, live, shift, k2, V: tl.constexpr, HALF: tl.constexpr):
+        """One step of either sweep: the two halves' columns (ia, ib), their masks and their σ, the
+        logits loaded from the block's rows at v0 + cols and v0 + HALF + cols."""
+        ia = v0 + cols
+        ib = ia + HALF
+        oka = live[:, None] & (ia < V)[None, :]
+        okb = live[:, None] & (ib < V)[None, :]
+        sa, sb = _sigmoid_pair(tl.load(z_tile + ia[None, :], mask=oka, other=0.0).to(tl.float32),
+                               tl.load(z_tile + ib[None, :], mask=okb, other=0.0).to(tl.float32), shift, k2)
+        return ia, ib, oka, okb, sa, sb
 
     @triton.jit
     def _term_loss(z_rows, live, t, w, lse, cap, shift, k2):
@@ -175,14 +192,14 @@ def _build(interpreted: bool):
 
     @triton.jit
     def _target_grad(Z, G, GT, rows, live, n, stride_z, t, t0, w0, t1, w1, t2, w2, t3, w3, tp, wp, total, lse2,
-                     cap, shift, inv_div, g_mult, g_max, V: tl.constexpr, GRAD: tl.constexpr):
+                     cap2, slope, shift, k2, g_mult, g_max, V: tl.constexpr, GRAD: tl.constexpr):
         """The gradient at column t of each row, with every target equal to t subtracted: the sweep
         writes (S·p)·σ′ alone, and this overwrites the (at most five) target columns a row has."""
         zt = tl.load(Z + rows * stride_z + t, mask=live, other=0.0).to(tl.float32)
-        sig = _sigmoid(zt, shift, -inv_div * 1.4426950408889634)
+        sig = _sigmoid(zt, shift, k2)
         hit = (tl.where(t0 == t, w0, 0.0) + tl.where(t1 == t, w1, 0.0) + tl.where(t2 == t, w2, 0.0)
                + tl.where(t3 == t, w3, 0.0) + tl.where(tp == t, wp, 0.0))
-        g = (total * _ex2((cap * 1.4426950408889634) * sig - lse2) - hit) * (cap * inv_div) * sig * (1.0 - sig)
+        g = (total * _ex2(cap2 * sig - lse2) - hit) * slope * sig * (1.0 - sig)
         _store_grad(G, GT, rows * V + t, t * n + rows, g, live, g_mult, g_max, GRAD)
 
     @triton.jit
@@ -200,18 +217,13 @@ def _build(interpreted: bool):
         cols = tl.arange(0, HALF)
         z_tile = Z + row0 * stride_z + r[:, None] * stride_z
         # base 2: σ's exponent (z + a)·k2 and the softmax's 2^(cap2·σ − cap2) = exp(ẑ − c)
-        k2, cap2 = -inv_div * 1.4426950408889634, cap * 1.4426950408889634
+        k2, cap2 = _base2(-inv_div), _base2(cap)
         acc = tl.zeros((BM, HALF), tl.float32)
         for v0 in range(0, V, BV):
-            ia = v0 + cols
-            ib = ia + HALF
-            oka = live[:, None] & (ia < V)[None, :]
-            okb = live[:, None] & (ib < V)[None, :]
-            sa, sb = _sigmoid_pair(tl.load(z_tile + ia[None, :], mask=oka, other=0.0).to(tl.float32),
-                                   tl.load(z_tile + ib[None, :], mask=okb, other=0.0).to(tl.float32), shift, k2)
+            ia, ib, oka, okb, sa, sb = _sweep_step(z_tile, v0, cols, live, shift, k2, V, HALF)
             acc += tl.where(oka, _ex2(cap2 * sa - cap2), 0.0) + tl.where(okb, _ex2(cap2 * sb - cap2), 0.0)
         lse = cap + tl.log(tl.where(live, tl.sum(acc, axis=1), 1.0))
-        lse2 = lse * 1.4426950408889634
+        lse2 = _base2(lse)
 
         t0, w0, t1, w1, t2, w2, t3, w3, tp, wp = _terms(TN, PRE, W, PI, rows, live, n, K, HAS_PREFIX)
         z_rows = Z + rows * stride_z
@@ -224,16 +236,12 @@ def _build(interpreted: bool):
 
         if GRAD > 0:
             total = w0 + w1 + w2 + w3 + wp
-            s_tile = total[:, None] * (cap * inv_div)
+            slope = cap * inv_div  # ∂ẑ/∂z = (c/d)·σ(1 − σ)
+            s_tile = total[:, None] * slope
             g_tile = G + row0 * V + r[:, None] * V
             gt_tile = GT + row0 + r[:, None]  # the sweep step's first column; moves on by BV·n a step
             for v0 in range(0, V, BV):
-                ia = v0 + cols
-                ib = ia + HALF
-                oka = live[:, None] & (ia < V)[None, :]
-                okb = live[:, None] & (ib < V)[None, :]
-                sa, sb = _sigmoid_pair(tl.load(z_tile + ia[None, :], mask=oka, other=0.0).to(tl.float32),
-                                       tl.load(z_tile + ib[None, :], mask=okb, other=0.0).to(tl.float32), shift, k2)
+                ia, ib, oka, okb, sa, sb = _sweep_step(z_tile, v0, cols, live, shift, k2, V, HALF)
                 ga = s_tile * _ex2(cap2 * sa - lse2[:, None]) * sa * (1.0 - sa)
                 gb = s_tile * _ex2(cap2 * sb - lse2[:, None]) * sb * (1.0 - sb)
                 _store_grad(g_tile, gt_tile, ia[None, :], cols[None, :] * n, ga, oka, g_mult, g_max, GRAD)
@@ -241,15 +249,15 @@ def _build(interpreted: bool):
                 gt_tile += BV * n
             tl.debug_barrier()  # every thread's sweep stores land before the target columns' overwrite
             _target_grad(Z, G, GT, rows, live, n, stride_z, t0, t0, w0, t1, w1, t2, w2, t3, w3, tp, wp, total, lse2,
-                         cap, shift, inv_div, g_mult, g_max, V, GRAD)
+                         cap2, slope, shift, k2, g_mult, g_max, V, GRAD)
             _target_grad(Z, G, GT, rows, live, n, stride_z, t1, t0, w0, t1, w1, t2, w2, t3, w3, tp, wp, total, lse2,
-                         cap, shift, inv_div, g_mult, g_max, V, GRAD)
+                         cap2, slope, shift, k2, g_mult, g_max, V, GRAD)
             _target_grad(Z, G, GT, rows, live, n, stride_z, t2, t0, w0, t1, w1, t2, w2, t3, w3, tp, wp, total, lse2,
-                         cap, shift, inv_div, g_mult, g_max, V, GRAD)
+                         cap2, slope, shift, k2, g_mult, g_max, V, GRAD)
             _target_grad(Z, G, GT, rows, live, n, stride_z, t3, t0, w0, t1, w1, t2, w2, t3, w3, tp, wp, total, lse2,
-                         cap, shift, inv_div, g_mult, g_max, V, GRAD)
+                         cap2, slope, shift, k2, g_mult, g_max, V, GRAD)
             _target_grad(Z, G, GT, rows, live, n, stride_z, tp, t0, w0, t1, w1, t2, w2, t3, w3, tp, wp, total, lse2,
-                         cap, shift, inv_div, g_mult, g_max, V, GRAD)
+                         cap2, slope, shift, k2, g_mult, g_max, V, GRAD)
 
     return _mtp_ce_kernel
 
