@@ -87,14 +87,16 @@ def _scalar(value: float | Tensor, like: Tensor) -> Tensor:
 
 
 def amax_scale(t: Tensor, headroom: float, cfg: Fp8Config = RECORD_FP8) -> Tensor:
-    """headroom · max|t| / 448 as a 0-d float32 tensor, floored at cfg.scale_floor.
+    """headroom · max|t| / 448 as a 0-d float32 tensor, floored at cfg.scale_floor. The rows' maxima
+    come first (the same value: a maximum is exact in any order), a reduction over the same (rows,
+    columns) loop as the pass that makes t, so Inductor can fuse the two."""
+    return scale_from_amax(t.detach().abs().amax(dim=-1).amax(), headroom, cfg)
 
-    The rows' maxima come first: that reduction runs over the same (rows, columns) loop as the pass
-    that makes post (relu², e4m3 cast) in the compiled MLP, so Inductor can fuse the two, where one
-    reduction over every element is split into chunks of its own and reads post again (8.9 ms a step
-    at stage 2 on an H200, 2026-12-06). A maximum is exact in any order."""
-    amax = t.detach().abs().amax(dim=-1).amax().to(F32)
-    return (amax * headroom / cfg.e4m3_max).clamp_min(cfg.scale_floor)
+
+def scale_from_amax(amax: Tensor, headroom: float, cfg: Fp8Config = RECORD_FP8) -> Tensor:
+    """headroom · amax / 448 in float32, floored at cfg.scale_floor (`amax_scale` of a tensor whose
+    largest magnitude is amax)."""
+    return (amax.to(F32) * headroom / cfg.e4m3_max).clamp_min(cfg.scale_floor)
 
 
 def reference_product(a_f8: Tensor, b_f8_t: Tensor, scale: Tensor, out_dtype: torch.dtype) -> Tensor:
@@ -231,6 +233,20 @@ def mlp_up_fp8(a: Tensor, w1_f8: Tensor, s_w1: Tensor, cfg: Fp8Config = RECORD_F
     return pre, post
 
 
+def mlp_up_quantized(a: Tensor, w1_f8: Tensor, s_w1: Tensor, s_act: Tensor, cfg: Fp8Config = RECORD_FP8,
+                     product: Product = reference_product) -> tuple[Tensor, Tensor, Tensor]:
+    """The FP8 forward up to the down-product: post (`mlp_up_fp8`), post_f8 = `quantize_post`(post,
+    s_act) and max(post) (0-d, post ≥ 0), from which the next s_act is made. The seam of
+    `RecordKernels.mlp_up`, whose kernel does the three in the up-product's epilogue."""
+    _, post = mlp_up_fp8(a, w1_f8, s_w1, cfg, product)
+    # rows first: Inductor then fuses the maximum into the relu² and e4m3 pass (a reduction of its own
+    # read post again: 8.9 ms a step at stage 2 on an H200, 2026-12-06)
+    return post, quantize_post(post, s_act, cfg), post.amax(dim=-1).amax()
+
+
+MlpUp = Callable[[Tensor, Tensor, Tensor, Tensor, Fp8Config], tuple[Tensor, Tensor, Tensor]]
+
+
 def mlp_down_fp8(post: Tensor, w2_f8_t: Tensor, s_w2: Tensor, s_act: Tensor,
                  cfg: Fp8Config = RECORD_FP8, product: Product = reference_product) -> Tensor:
     """out (n, 768) = (post_f8·s_act)·(W2_f8·s_W2) in bf16, W2_f8 held transposed (768, 3072)."""
@@ -330,13 +346,17 @@ class _Fp8Mlp(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, a: Tensor, w1: Tensor, w2: Tensor, w1_f8: Tensor, s_w1: Tensor, w2_f8_t: Tensor, s_w2: Tensor,
-                s_act: Tensor, cfg: Fp8Config, product: Product, backward: MlpBackward) -> tuple[Tensor, Tensor]:
+                s_act: Tensor, cfg: Fp8Config, product: Product, backward: MlpBackward,
+                up: MlpUp | None) -> tuple[Tensor, Tensor]:
         flat = a.reshape(-1, a.shape[-1])
-        _, post = mlp_up_fp8(flat, w1_f8, s_w1, cfg, product)
-        out = mlp_down_fp8(post, w2_f8_t, s_w2, s_act, cfg, product)
+        if up is None:
+            post, post_f8, top = mlp_up_quantized(flat, w1_f8, s_w1, s_act, cfg, product)
+        else:
+            post, post_f8, top = up(flat, w1_f8, s_w1, s_act, cfg)
+        out = product(post_f8, w2_f8_t, s_act * s_w2, BF16)  # mlp_down_fp8 from the quantised post
         ctx.save_for_backward(flat, w1, w2, post)
         ctx.backward = backward
-        next_s_act = amax_scale(post, cfg.act_headroom, cfg)
+        next_s_act = scale_from_amax(top, cfg.act_headroom, cfg)
         ctx.mark_non_differentiable(next_s_act)
         return out.view(*a.shape[:-1], w2.shape[1]), next_s_act
 
@@ -344,16 +364,18 @@ class _Fp8Mlp(torch.autograd.Function):
     def backward(ctx, g: Tensor, _: Tensor):
         flat, w1, w2, post = ctx.saved_tensors
         da, dw1, dw2 = ctx.backward(g.reshape(-1, g.shape[-1]), flat, w1, w2, post)
-        return (da.view(*g.shape[:-1], w1.shape[1]), dw1, dw2) + (None,) * 8
+        return (da.view(*g.shape[:-1], w1.shape[1]), dw1, dw2) + (None,) * 9
 
 
 def fp8_mlp(a: Tensor, w1: Tensor, w2: Tensor, state: Fp8MlpState, training: bool,
-            product: Product = reference_product, backward: MlpBackward = mlp_backward_bf16) -> Tensor:
+            product: Product = reference_product, backward: MlpBackward = mlp_backward_bf16,
+            up: MlpUp | None = None) -> Tensor:
     """The record's MLP relu(a·W1ᵀ)²·W2 for the normed a (..., 768), W1 and W2 (3072, 768), all bf16.
 
     Training: the FP8 forward with `state`'s quantised weights (which `state.refresh` made from
     these W1, W2 after the last optimiser step), then s_act is updated from this forward's post;
-    the backward is bf16 (`backward`, as `mlp_backward_bf16`). Eval: `mlp_reference`, state untouched."""
+    the up-product and the post's quantisation by `up` (None: `mlp_up_quantized` with `product`), the
+    backward bf16 (`backward`, as `mlp_backward_bf16`). Eval: `mlp_reference`, state untouched."""
     for name, t in (("a", a), ("W1", w1), ("W2", w2)):
         if t.dtype != BF16:
             raise TypeError(f"fp8_mlp takes bf16 tensors; {name} is {t.dtype}")
@@ -362,7 +384,7 @@ def fp8_mlp(a: Tensor, w1: Tensor, w2: Tensor, state: Fp8MlpState, training: boo
     if not state.ready:
         raise RuntimeError("fp8_mlp: refresh the FP8 state (bootstrap=True) before the first training forward")
     out, state.s_act = _Fp8Mlp.apply(a, w1, w2, state.w1_f8, state.s_w1, state.w2_f8_t, state.s_w2, state.s_act,
-                                     state.cfg, product, backward)
+                                     state.cfg, product, backward, up)
     return out
 
 
