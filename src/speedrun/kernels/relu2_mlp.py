@@ -53,6 +53,15 @@ step 649.77 -> 640.18 ms (bench), full runs 638.3 -> 625.6 / 624.8 ms. The
 kernels are still ~75 us a call slower than cuBLAS's product alone: the
 epilogue's stores do not overlap the next tile's products.
 
+The 2026 record's FP8 MLP uses the forward kernel in an FP8 mode (`relu2_fp8_up`): e4m3 operands,
+the product scaled as `_scaled_mm` scales it, post = relu(pre)² stored in bf16 for the backward,
+post's e4m3 quantisation for the down-product (the delayed scale s_act, saturating at 448) stored
+beside it, and each program's largest post written for the next s_act. Through `_scaled_mm` and
+Inductor the same took a product writing pre, a pass reading pre and writing post and its e4m3 copy,
+and a reduction reading post again (about 246 + 179 + 100 us a layer and micro-step at the record's
+stage 2 on an H200, 2026-12-06 profile). Under the interpreter the roundings to bfloat16 and e4m3
+are done by hand first (`bf16_rounding`, `_round_e4m3`), so the CPU test gets the GPU's codes.
+
 On a capability-9.0 GPU the backward's product runs instead in the
 warp-specialised Gluon kernel of `relu2_gluon.py`: its epilogue runs on
 separate warps while the tensor cores work on the next tile. Bit-equal
