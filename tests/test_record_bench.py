@@ -87,3 +87,28 @@ def test_the_schedule_needs_every_stage_but_a_short_extension():
     no_extension = record_steps.schedule_seconds(cfg, {0: 100.0, 1: 200.0, 2: 300.0})
     assert no_extension == pytest.approx(sum(n * r for n, r in zip(steps, (100, 200, 300, 300))) / 1000)
     assert record_steps.schedule_seconds(cfg, {0: 100.0}) is None  # `--stages 0`: no schedule from one stage
+
+
+def _stage(k: int, loss: float) -> dict:
+    return {"stage": k, "tokens_per_step": 8, "windows": [1, 2], "ms_per_step": 1.0, "pair_ms_min": 2.0,
+            "pair_ms_max": 2.0, "peak_memory_gib": None, "warm_s": 0.1, "last_loss": loss}
+
+
+def test_a_broken_step_fails_the_bench_after_its_figures_are_written(monkeypatch, tmp_path, capsys):
+    """A NaN loss means the timed step is not the record's (a NaN run went unnoticed in a bench's JSON):
+    the report and the JSON are kept, the command fails with one line naming the stage."""
+    from speedrun.bench import step
+
+    result = {"preset": "record", "device": "cpu", "world_size": 1, "schedule_s": None, "schedule_steps": 1285,
+              "describe": {"micro_steps": 8, "attention_backend": "varlen", "fp8_head": True, "fp8_mlp": True,
+                           "compile": True},
+              "stages": [_stage(0, 10.3), _stage(2, float("nan"))]}
+    assert record_steps.nonfinite_stages(result) == [2]
+    monkeypatch.setattr(record_steps, "run", lambda args, t: result)
+    args = argparse.Namespace(preset="record", json=str(tmp_path / "b.json"), profile=None)
+    assert step.cmd_bench(args) == 1
+    out, err = capsys.readouterr()
+    assert "10.3000" in out and "nan" in out and (tmp_path / "b.json").exists()
+    assert err.strip().splitlines()[-1].startswith("bench: error: the training loss is not finite in stage(s) 2")
+    result["stages"][1]["last_loss"] = 3.5
+    assert step.cmd_bench(args) == 0

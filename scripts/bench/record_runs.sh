@@ -11,6 +11,8 @@
 #              in .old/src (`git archive COMMIT src | tar -x -C .old`, carried) on its own compiler cache
 #   ce         the loss kernel's forms and tiles at stage 2's micro-batch (scripts/bench/record_ce_bench.py)
 #   tests      the record's GPU tests (attention, FP8, the fused loss, Adam's kernel), their printed shares
+#   bisect     record_kernel_bisect.py --all: the first steps eagerly with each kernel put back on its
+#              reference in turn, which keeps the loss finite (a NaN run's first call)
 # e.g. `record_runs.sh 161:0 161:1 bench`. Carry .proxy161 or .proxy322 (scripts/bench/record_carry_sets.py
 # makes them). LIMIT (seconds, default 560) bounds the whole call: an item that would start too late is
 # skipped, and the one running at the limit is stopped, so the results are always packed before the
@@ -44,7 +46,9 @@ item() {
           > "$RES/record-ce-bench.log" 2>&1; grep -E "floor|form" "$RES/record-ce-bench.log" | cut -c1-150 ;;
     tests) timeout "$(left)" python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_record_attention_gpu.py \
              tests/test_record_fp8_gpu.py tests/test_record_ce_gpu.py tests/test_record_adam.py tests/test_record_mlp.py tests/test_record_dc.py tests/test_record_head_loss.py -s > "$RES/gpu-tests.log" 2>&1; tail -3 "$RES/gpu-tests.log" ;;
-    *) echo "usage: $0 161:SEED | 322 | bench | bench:K[:bf16][@old] | ce | tests ..."; exit 2 ;;
+    bisect) timeout "$(left)" python3 scripts/bench/record_kernel_bisect.py --all "$RES/kernel-bisect.json" \
+              --timeout 75 > "$RES/kernel-bisect.log" 2>&1; tail -8 "$RES/kernel-bisect.log" ;;
+    *) echo "usage: $0 161:SEED | 322 | bench | bench:K[:bf16][@old] | ce | tests | bisect ..."; exit 2 ;;
   esac
 }
 gpus_csv

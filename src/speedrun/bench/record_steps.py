@@ -161,7 +161,13 @@ def _time_stage(trainer, cfg: RecordRunConfig, k: int, steps: list[int], t_start
 def _stage_line(s: dict) -> str:
     peak = f"{s['peak_memory_gib']:.1f}" if s["peak_memory_gib"] is not None else "-"
     return (f"{s['stage']:>5} {s['tokens_per_step']:>8} {str(tuple(s['windows'])):>11} {s['ms_per_step']:>9.1f} "
-            f"{s['pair_ms_min']:>8.1f}/{s['pair_ms_max']:<8.1f} {peak:>9} {s['warm_s']:>9.1f}")
+            f"{s['pair_ms_min']:>8.1f}/{s['pair_ms_max']:<8.1f} {peak:>9} {s['warm_s']:>9.1f} {s['last_loss']:>9.4f}")
+
+
+def nonfinite_stages(r: dict) -> list[int]:
+    """The measured stages whose last training loss is NaN or infinite: their steps are broken, so
+    their timings measure something other than the record's step."""
+    return [s["stage"] for s in r["stages"] if not np.isfinite(s["last_loss"])]
 
 
 def format_report(r: dict) -> str:
@@ -169,7 +175,7 @@ def format_report(r: dict) -> str:
     lines = [f"bench {r['preset']}: {r['device']}, {r['world_size']} rank(s) x {d['micro_steps']} micro-step(s), "
              f"attention {d['attention_backend']}, fp8 head/mlp {d['fp8_head']}/{d['fp8_mlp']}, compile {d['compile']}",
              f"{'stage':>5} {'tokens':>8} {'windows':>11} {'ms/step':>9} {'pair min/max ms':>17} {'peak GiB':>9} "
-             f"{'compile s':>9}"]
+             f"{'compile s':>9} {'last loss':>9}"]
     lines += [_stage_line(s) for s in r["stages"]]
     if r["schedule_s"] is not None:
         lines.append(f"the {r['schedule_steps']}-step schedule at these rates: {r['schedule_s']:.1f} s")

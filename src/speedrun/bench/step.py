@@ -43,6 +43,7 @@ import json
 import math
 import os
 import shutil
+import sys
 import statistics
 import tempfile
 import time
@@ -863,6 +864,12 @@ def cmd_bench(args) -> int:
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_text(path, json.dumps(result, indent=2, default=str) + "\n")
             print(f"bench: wrote {path}")
+        broken = record_steps.nonfinite_stages(result) if record else \
+            ([] if result["last_loss"] is None or math.isfinite(result["last_loss"]) else ["the measured"])
+        if broken:  # the figures are kept above, but a broken step's time is not a result
+            print(f"bench: error: the training loss is not finite in stage(s) {', '.join(map(str, broken))}: "
+                  "the step is broken and its timing is not the step's", file=sys.stderr)
+            return 1
         return 0
     finally:
         shutdown(clean=finished)
