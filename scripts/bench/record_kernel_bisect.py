@@ -27,6 +27,8 @@ from pathlib import Path
 VARIANTS = {  # name: what goes back to its reference
     "default": "nothing",
     "ce_plain": "the loss kernel's PTX ex2/rcp (tl.exp2 and division instead)",
+    "ce_hand": "the loss kernel as the interpreter builds it (also the e5m2 rounding by hand), compiled",
+    "ce_tiles": "the e5m2 pair's 128 x 64 tiles (32 x 256 instead, 8f5d585's)",
     "no_head_loss": "the FP8 head's fused loss (the FP8 products, then the bf16 loss kernel)",
     "no_loss": "both loss kernels (the reference loss on float32 logits)",
     "no_dc": "the DC kernels (the reference term)",
@@ -68,11 +70,18 @@ def _apply(variant: str, trainer) -> None:
 def run_variant(variant: str, preset: str, steps: int, compiled: bool) -> list[dict]:
     import torch
 
+    from speedrun.kernels import choice, record_ce
+
     if variant == "ce_plain":  # the kernel is built once, on first use: build it now without the PTX
-        from speedrun.kernels import record_ce
         hip, torch.version.hip = torch.version.hip, "bisect"
         record_ce._build()
         torch.version.hip = hip
+    if variant == "ce_hand":  # the interpreter's branches (tl.exp2, 1/x, the rounding by hand) as GPU code
+        choice.import_triton(record_ce.__dict__)
+        kernel = record_ce._build.__wrapped__(True)
+        record_ce._build = lambda: kernel
+    if variant == "ce_tiles":
+        record_ce.TILES = {**record_ce.TILES, 2: (32, 256, 8)}
     warnings.filterwarnings("ignore")
     trainer = _trainer(preset, compiled)
     _apply(variant, trainer)
