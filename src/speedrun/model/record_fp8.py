@@ -86,11 +86,17 @@ def _scalar(value: float | Tensor, like: Tensor) -> Tensor:
     return torch.full((), value, dtype=F32, device=like.device)
 
 
+def max_by_rows(t: Tensor) -> Tensor:
+    """max(t) as the rows' maxima, then theirs (the same value: a maximum is exact in any order): a
+    reduction over the same (rows, columns) loop as the pass that makes t, which Inductor can then fuse
+    into that pass, where one reduction over every element is split into chunks of its own that read t
+    again (the FP8 MLP's post: 8.9 ms a step at stage 2 on an H200, 2026-12-06)."""
+    return t.detach().amax(dim=-1).amax()
+
+
 def amax_scale(t: Tensor, headroom: float, cfg: Fp8Config = RECORD_FP8) -> Tensor:
-    """headroom · max|t| / 448 as a 0-d float32 tensor, floored at cfg.scale_floor. The rows' maxima
-    come first (the same value: a maximum is exact in any order), a reduction over the same (rows,
-    columns) loop as the pass that makes t, so Inductor can fuse the two."""
-    return scale_from_amax(t.detach().abs().amax(dim=-1).amax(), headroom, cfg)
+    """headroom · max|t| / 448 as a 0-d float32 tensor, floored at cfg.scale_floor."""
+    return scale_from_amax(max_by_rows(t.detach().abs()), headroom, cfg)
 
 
 def scale_from_amax(amax: Tensor, headroom: float, cfg: Fp8Config = RECORD_FP8) -> Tensor:
@@ -198,7 +204,7 @@ def fp8_head(x: Tensor, w: Tensor, grad_scale: float, cfg: Fp8Config = RECORD_FP
 
 def quantize_activation(a: Tensor, cfg: Fp8Config = RECORD_FP8) -> tuple[Tensor, Tensor]:
     """a_f8 = e4m3(a·448 / max|a|) per tensor, and its scale max|a| / 448."""
-    amax = a.detach().abs().amax(dim=-1).amax().to(F32).clamp_min(cfg.scale_floor * cfg.e4m3_max)  # as amax_scale
+    amax = max_by_rows(a.detach().abs()).to(F32).clamp_min(cfg.scale_floor * cfg.e4m3_max)
     a_f8 = (a.to(F32) * cfg.e4m3_max / amax).to(E4M3)
     return a_f8, amax / cfg.e4m3_max
 
@@ -239,18 +245,22 @@ def mlp_up_quantized(a: Tensor, w1_f8: Tensor, s_w1: Tensor, s_act: Tensor, cfg:
     s_act) and max(post) (0-d, post ≥ 0), from which the next s_act is made. The seam of
     `RecordKernels.mlp_up`, whose kernel does the three in the up-product's epilogue."""
     _, post = mlp_up_fp8(a, w1_f8, s_w1, cfg, product)
-    # rows first: Inductor then fuses the maximum into the relu² and e4m3 pass (a reduction of its own
-    # read post again: 8.9 ms a step at stage 2 on an H200, 2026-12-06)
-    return post, quantize_post(post, s_act, cfg), post.amax(dim=-1).amax()
+    return post, quantize_post(post, s_act, cfg), max_by_rows(post)
 
 
 MlpUp = Callable[[Tensor, Tensor, Tensor, Tensor, Fp8Config], tuple[Tensor, Tensor, Tensor]]
 
 
+def mlp_down_quantized(post_f8: Tensor, w2_f8_t: Tensor, s_w2: Tensor, s_act: Tensor,
+                       product: Product = reference_product) -> Tensor:
+    """out (n, 768) = (post_f8·s_act)·(W2_f8·s_W2) in bf16, W2_f8 held transposed (768, 3072)."""
+    return product(post_f8, w2_f8_t, s_act * s_w2, BF16)
+
+
 def mlp_down_fp8(post: Tensor, w2_f8_t: Tensor, s_w2: Tensor, s_act: Tensor,
                  cfg: Fp8Config = RECORD_FP8, product: Product = reference_product) -> Tensor:
-    """out (n, 768) = (post_f8·s_act)·(W2_f8·s_W2) in bf16, W2_f8 held transposed (768, 3072)."""
-    return product(quantize_post(post, s_act, cfg), w2_f8_t, s_act * s_w2, BF16)
+    """`mlp_down_quantized` of `quantize_post`(post, s_act)."""
+    return mlp_down_quantized(quantize_post(post, s_act, cfg), w2_f8_t, s_w2, s_act, product)
 
 
 def mlp_backward_bf16(g: Tensor, a: Tensor, w1: Tensor, w2: Tensor, post: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -353,7 +363,7 @@ class _Fp8Mlp(torch.autograd.Function):
             post, post_f8, top = mlp_up_quantized(flat, w1_f8, s_w1, s_act, cfg, product)
         else:
             post, post_f8, top = up(flat, w1_f8, s_w1, s_act, cfg)
-        out = product(post_f8, w2_f8_t, s_act * s_w2, BF16)  # mlp_down_fp8 from the quantised post
+        out = mlp_down_quantized(post_f8, w2_f8_t, s_w2, s_act, product)
         ctx.save_for_backward(flat, w1, w2, post)
         ctx.backward = backward
         next_s_act = scale_from_amax(top, cfg.act_headroom, cfg)
