@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import subprocess
 import sys
 import tempfile
@@ -37,8 +38,9 @@ VARIANTS = {  # name: what goes back to its reference
 }
 
 
-def _trainer(preset: str, compiled: bool):
-    """A RecordTrainer of `preset` on random documents, as `speedrun bench` builds it."""
+def _trainer(preset: str, compiled: bool, data: str | None):
+    """A RecordTrainer of `preset` on random documents, as `speedrun bench` builds it (with `data`, a
+    corpus folder, its document lengths)."""
     from speedrun.bench import record_steps
     from speedrun.config import apply_overrides, validate
     from speedrun.recipes.registry import get_preset
@@ -50,9 +52,10 @@ def _trainer(preset: str, compiled: bool):
     (tmp / "data").mkdir()
     base = apply_overrides(get_preset(preset), [f"train.compile={'on' if compiled else 'off'}",
                                                 "train.precompile=false"])
+    lengths = record_steps.corpus_doc_lengths(data, base.data.train_pattern) if data else None
     cfg = record_steps._config(base, tmp / "data")
     validate(cfg, info.world_size)
-    record_steps.write_data(tmp / "data", cfg, 3, None)
+    record_steps.write_data(tmp / "data", cfg, 3, lengths)
     return RecordTrainer(cfg, info, tmp / "run", progress=False, t_start=time.time())
 
 
@@ -67,7 +70,7 @@ def _apply(variant: str, trainer) -> None:
         trainer.optimizers[1].kernel = "torch"
 
 
-def run_variant(variant: str, preset: str, steps: int, compiled: bool) -> list[dict]:
+def run_variant(variant: str, preset: str, steps: int, compiled: bool, data: str | None) -> list[dict]:
     import torch
 
     from speedrun.kernels import choice, record_ce
@@ -83,7 +86,7 @@ def run_variant(variant: str, preset: str, steps: int, compiled: bool) -> list[d
     if variant == "ce_tiles":
         record_ce.TILES = {**record_ce.TILES, 2: (32, 256, 8)}
     warnings.filterwarnings("ignore")
-    trainer = _trainer(preset, compiled)
+    trainer = _trainer(preset, compiled, data)
     _apply(variant, trainer)
     names = {id(p): n for n, p in trainer.model.named_parameters()}
     adam = trainer.optimizers[1]
@@ -100,28 +103,45 @@ def run_variant(variant: str, preset: str, steps: int, compiled: bool) -> list[d
     return lines
 
 
+def _sweep(a, variants, compiled: bool, timeout: int, results: dict) -> None:
+    """Each variant in its own process; its lines into results[name] (name + ' compiled' if compiled)."""
+    for v in variants:
+        cmd = [sys.executable, __file__, v, "--preset", a.preset, "--steps", str(a.steps)]
+        cmd += (["--compile"] if compiled else []) + (["--data", a.data] if a.data else [])
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout).stdout
+        except subprocess.TimeoutExpired as e:
+            out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        name = v + (" compiled" if compiled else "")
+        results[name] = [json.loads(ln) for ln in out.splitlines() if ln.startswith("{")]
+        losses = [round(r["loss"], 4) for r in results[name]]
+        print(f"{name:>24}: losses {losses}  ({VARIANTS[v]})", flush=True)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("variant", nargs="?", choices=sorted(VARIANTS), default="default")
     p.add_argument("--all", metavar="OUT.json", help="every variant, each in its own process; the lines to OUT.json")
     p.add_argument("--preset", default="record")
     p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--data", help="a corpus folder whose document lengths the random documents take")
     p.add_argument("--compile", action="store_true", help="the compiled step (minutes a variant)")
     p.add_argument("--timeout", type=int, default=90, help="seconds a variant (with --all)")
+    p.add_argument("--compile-timeout", type=int, default=240,
+                   help="seconds a compiled variant (with --all, when the eager default stays finite)")
     a = p.parse_args()
     if not a.all:
-        run_variant(a.variant, a.preset, a.steps, a.compile)
+        run_variant(a.variant, a.preset, a.steps, a.compile, a.data)
         return 0
-    results = {}
-    for v in VARIANTS:
-        cmd = [sys.executable, __file__, v, "--preset", a.preset, "--steps", str(a.steps)] + (["--compile"] if a.compile else [])
-        try:
-            out = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout).stdout
-        except subprocess.TimeoutExpired as e:
-            out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-        results[v] = [json.loads(ln) for ln in out.splitlines() if ln.startswith("{")]
-        losses = [round(r["loss"], 4) for r in results[v]]
-        print(f"{v:>15}: losses {losses}  ({VARIANTS[v]})", flush=True)
+    results: dict = {}
+    _sweep(a, ["default"], a.compile, a.timeout, results)
+    default = [r["loss"] for r in results["default" + (" compiled" if a.compile else "")]]
+    if default and all(math.isfinite(x) for x in default) and not a.compile:
+        # eager steps do not show it: the compiled step with the loss kernels on their reference, and without
+        print("the eager default stays finite: compiled variants next", flush=True)
+        _sweep(a, ["no_loss", "default"], True, a.compile_timeout, results)
+    else:
+        _sweep(a, [v for v in VARIANTS if v != "default"], a.compile, a.timeout, results)
     Path(a.all).write_text(json.dumps(results, indent=1) + "\n")
     return 0
 

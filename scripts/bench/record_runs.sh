@@ -46,7 +46,7 @@ item() {
           > "$RES/record-ce-bench.log" 2>&1; grep -E "floor|form" "$RES/record-ce-bench.log" | cut -c1-150 ;;
     tests) timeout "$(left)" python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_record_attention_gpu.py \
              tests/test_record_fp8_gpu.py tests/test_record_ce_gpu.py tests/test_record_adam.py tests/test_record_mlp.py tests/test_record_dc.py tests/test_record_head_loss.py -s > "$RES/gpu-tests.log" 2>&1; tail -3 "$RES/gpu-tests.log" ;;
-    bisect) timeout "$(left)" python3 scripts/bench/record_kernel_bisect.py --all "$RES/kernel-bisect.json" \
+    bisect) unpack .proxy161; timeout "$(left)" python3 scripts/bench/record_kernel_bisect.py --all "$RES/kernel-bisect.json" --data .proxy161 \
               --steps 3 --timeout 55 > "$RES/kernel-bisect.log" 2>&1; tail -10 "$RES/kernel-bisect.log" ;;
     *) echo "usage: $0 161:SEED | 322 | bench | bench:K[:bf16][@old] | ce | tests | bisect ..."; exit 2 ;;
   esac
