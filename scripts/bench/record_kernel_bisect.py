@@ -25,16 +25,16 @@ import warnings
 from dataclasses import replace
 from pathlib import Path
 
-VARIANTS = {  # name: what goes back to its reference
+VARIANTS = {  # name: what goes back to its reference, the likelier culprits first
     "default": "nothing",
     "ce_plain": "the loss kernel's PTX ex2/rcp (tl.exp2 and division instead)",
     "ce_hand": "the loss kernel as the interpreter builds it (also the e5m2 rounding by hand), compiled",
     "ce_tiles": "the e5m2 pair's 128 x 64 tiles (32 x 256 instead, 8f5d585's)",
     "no_head_loss": "the FP8 head's fused loss (the FP8 products, then the bf16 loss kernel)",
-    "no_loss": "both loss kernels (the reference loss on float32 logits)",
-    "no_dc": "the DC kernels (the reference term)",
     "no_mlp_kernels": "the FP8 MLP's up-product and backward kernels",
+    "no_dc": "the DC kernels (the reference term)",
     "adam_eager": "RecordAdam's Triton update",
+    "no_loss": "both loss kernels (the reference loss on float32 logits)",
 }
 
 
