@@ -125,22 +125,17 @@ def _build(interpreted: bool):
             tp, wp = t0, w0 * 0.0
         return t0, w0, t1, w1, t2, w2, t3, w3, tp, wp
 
-    if interpreted:
-        @triton.jit
-        def _round_e5m2(x):
-            """x (within ±57,344) rounded to e5m2's grid in float32, to nearest with ties to even, as
-            torch's cast rounds: the mantissa's 21 dropped bits by integer carry (into the exponent when
-            it overflows, which Triton 3.9's interpreter's own cast misses), subnormals (below 2^-14) on
-            their 2^-16 grid by one float addition. The cast that follows is then exact."""
-            b = x.to(tl.int32, bitcast=True)
-            b = (b + 0xFFFFF + ((b >> 21) & 1)) & -2097152
-            return tl.where(tl.abs(x) < 6.103515625e-05, (x + 192.0) - 192.0, b.to(tl.float32, bitcast=True))
-    else:
-        @triton.jit
-        def _round_e5m2(x):
-            """x as it is: the GPU's cast (cvt.rn.satfinite.e5m2x2.f32) rounds to nearest even itself,
-            in one instruction for two elements where the rounding above takes a dozen for one."""
-            return x
+    @triton.jit
+    def _round_e5m2(x):
+        """x (within ±57,344) rounded to e5m2's grid in float32, to nearest with ties to even, as torch's
+        cast rounds: the mantissa's 21 dropped bits by integer carry (into the exponent when it
+        overflows, which Triton 3.9's interpreter's own cast misses), subnormals (below 2^-14) on their
+        2^-16 grid by one float addition. The cast that follows is then exact on every backend. On a GPU
+        too: the hardware's cast of the unrounded values (cvt.rn.satfinite.e5m2x2.f32, Triton 3.6)
+        trained the record to NaN at step 2 on an H100 (2026-12-07, `record_kernel_bisect.py`)."""
+        b = x.to(tl.int32, bitcast=True)
+        b = (b + 0xFFFFF + ((b >> 21) & 1)) & -2097152
+        return tl.where(tl.abs(x) < 6.103515625e-05, (x + 192.0) - 192.0, b.to(tl.float32, bitcast=True))
 
     @triton.jit
     def _base2(x):
