@@ -184,11 +184,16 @@ class RecordTrainer(Trainer):
         self.loader.plan = plan
         batches = self.guard.next_batches()
         total = torch.zeros((), device=self.device)
+        sums = self.loss.sums
+        if sums is not None:
+            sums.start()  # after the restore: an odd step's tables add onto the even step's sums
         with self.guard.health.watch(step):
             for batch in batches:
                 loss = self.guard.loss(self.micro_loss(batch, plan))
                 (loss / self.micro_steps).backward()
                 total += loss.detach().float()
+        if sums is not None:
+            sums.finish()
         self.guard.before_update(step)
         self.grad_norm = grad_norm(self.model) if self._log_step(step) else None
         muon.step()
