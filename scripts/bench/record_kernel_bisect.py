@@ -35,7 +35,6 @@ VARIANTS = {  # name: what goes back to its reference, the likelier culprits fir
     "no_dc": "the DC kernels (the reference term)",
     "adam_eager": "RecordAdam's Triton update",
     "no_loss": "both loss kernels (the reference loss on float32 logits)",
-    "no_lookup": "the tables' row-by-row gradient sums (autograd's dense gradients)",
 }
 
 
@@ -67,9 +66,6 @@ def _apply(variant: str, trainer) -> None:
              "no_dc": dict(dc=None), "no_mlp_kernels": dict(mlp_up=None, mlp_backward=None)}
     if variant in swaps:
         model.kernels = replace(k, **swaps[variant])
-    if variant == "no_lookup":
-        model.kernels = replace(k, lookup=None)
-        trainer.loss.sums = None
     if variant == "adam_eager":
         trainer.optimizers[1].kernel = "torch"
 

@@ -71,12 +71,8 @@ class RecordKernels:
     `RecordGPT.head_loss` with the FP8 head; mlp_backward(g, a, w1, w2, post) -> (da, dW1, dW2), the
     FP8 MLP's bf16 backward, as `record_fp8.mlp_backward_bf16`; mlp_up(a, w1_f8, s_w1, s_act, cfg) ->
     (post, post_f8, max(post)), the FP8 MLP's up-product and quantisation, as
-    `record_fp8.mlp_up_quantized`; lookup(idx, table, total, scratch) -> table[idx], whose backward adds
-    the table's gradient into `total` row by row (through the float32 `scratch`, zero on entry and on
-    exit) and gives the table none, as `embed_rows.lookup_into`: a training forward given table sums
-    (`lookup_table_names`) looks those tables up by it, where the reference is autograd's dense gradient
-    added into `.grad`. attend, dc, loss and head_loss serve half-precision inputs only, mlp bfloat16
-    only."""
+    `record_fp8.mlp_up_quantized`. attend, dc, loss and head_loss serve half-precision inputs only, mlp
+    bfloat16 only."""
 
     name: str = "reference"
     attend: Callable | None = None
@@ -87,7 +83,6 @@ class RecordKernels:
     head_loss: Callable | None = None
     mlp_backward: Callable | None = None
     mlp_up: Callable | None = None
-    lookup: Callable | None = None
 
 
 @dataclass(frozen=True)
@@ -258,7 +253,6 @@ class _Pass:
     gates: list[Tensor] = field(default_factory=list)  # pre-gate, then post-gate outputs (n, lanes)
     after: dict[int, Tensor] = field(default_factory=dict)  # residual after layer i; −1: cache0
     ve: Tensor | None = None  # (tables, n, width): every value table's rows for the batch, one gather
-    sums: dict[str, tuple[Tensor, Tensor]] | None = None  # table name -> (sum, scratch), `kernels.lookup`'s
 
 
 def _draw_uniform(shape: Sequence[int], bound: float, gen: torch.Generator) -> Tensor:
@@ -392,22 +386,6 @@ class RecordGPT(nn.Module):
         """From the split step on, embed and lm_head are separate parameters."""
         self.tied = False
 
-    def lookup_table_names(self) -> list[str]:
-        """The parameters a forward only looks rows up in (the token, bigram and value tables the config
-        uses): those whose gradients `kernels.lookup` can add into a step's sums row by row."""
-        c = self.cfg
-        return ["embed"] + (["bigram_embed"] if c.bigram else []) + (["value_embeds"] if c.ve_layers else [])
-
-    def _rows(self, name: str, idx: Tensor, ctx: _Pass) -> Tensor:
-        """Rows idx of table `name`; where the forward was given the table's sums, by `kernels.lookup`."""
-        table = getattr(self, name)
-        if ctx.sums is None or name not in ctx.sums:
-            return table[idx]
-        if self.kernels.lookup is None:
-            raise ValueError(f"RecordGPT: table sums given for {name!r} but the kernels ({self.kernels.name}) "
-                             "have no lookup to add into them")
-        return self.kernels.lookup(idx, table, *ctx.sums[name])
-
     def unused_entries(self) -> list[tuple[str, tuple]]:
         """(parameter name, index) of every entry no loss reaches (spec "Unresolved / ambiguous"),
         plus the world-size pads: their gradient is exactly zero. For the whole record (every
@@ -452,16 +430,13 @@ class RecordGPT(nn.Module):
 
     def forward(self, inputs: Tensor, cu_seqlens: Tensor, windows: tuple[int, int], attn_scale: float,
                 freqs: Tensor | None = None, *, rope: tuple[Tensor, Tensor] | None = None,
-                dtype: torch.dtype = torch.bfloat16, longest: int | None = None,
-                table_sums: dict[str, tuple[Tensor, Tensor]] | None = None) -> Tensor:
+                dtype: torch.dtype = torch.bfloat16, longest: int | None = None) -> Tensor:
         """Final normed hidden states (n, width) in `dtype` of one packed local batch: inputs int
         (n,), cu_seqlens int (documents, padded by repeating n), windows (short, long) in tokens,
         attn_scale the softmax scale (YaRN). RoPE from float32 `freqs` (the record's initial ones if
         None) or from ready (cos, sin) tables of at least 2n positions. `longest` bounds the
-        documents' length for the kernels (module docstring). table_sums: (sum, scratch) by table name
-        (`lookup_table_names`), whose gradients go there through `kernels.lookup`, not to `.grad`."""
-        return self._output(self._run(inputs, cu_seqlens, windows, attn_scale, freqs, rope, dtype, longest,
-                                      table_sums))
+        documents' length for the kernels (module docstring)."""
+        return self._output(self._run(inputs, cu_seqlens, windows, attn_scale, freqs, rope, dtype, longest))
 
     def residuals(self, inputs: Tensor, cu_seqlens: Tensor, windows: tuple[int, int], attn_scale: float,
                   freqs: Tensor | None = None, *, rope: tuple[Tensor, Tensor] | None = None,
@@ -471,13 +446,13 @@ class RecordGPT(nn.Module):
 
     def _run(self, inputs: Tensor, cu_seqlens: Tensor, windows: tuple[int, int], attn_scale: float,
              freqs: Tensor | None, rope: tuple[Tensor, Tensor] | None, dtype: torch.dtype,
-             longest: int | None = None, table_sums: dict[str, tuple[Tensor, Tensor]] | None = None) -> _Pass:
+             longest: int | None = None) -> _Pass:
         tokens = inputs.reshape(-1).long()
         if rope is None:
             f = freqs if freqs is not None else record_parts.rope_freqs(self.cfg.rope_pairs, self.cfg.rope_base)
             rope = record_parts.rope_tables(f.to(tokens.device), 2 * tokens.numel())
         ctx = _Pass(tokens, cu_seqlens.reshape(-1), tuple(windows), float(attn_scale), rope[0], rope[1], dtype,
-                    longest, sums=table_sums)
+                    longest)
         x = self._input_stage(ctx)
         for i in range(self.cfg.num_layers):
             x = self._layer(i, x, ctx)
@@ -487,23 +462,22 @@ class RecordGPT(nn.Module):
         """Embed, smear, x0 = norm, pre-gate from x0, then x = x0 + pre19·b (layer 0's bigram gate),
         which is cache0."""
         c, t = self.cfg, ctx.tokens
-        e = self._rows("embed", t, ctx).to(ctx.dtype)
+        e = self.embed[t].to(ctx.dtype)
         if c.smear:
             e = record_parts.smear(e, self.smear_gate, self.scalars[2 * c.num_layers], c.smear_inputs)
         ctx.x0 = record_parts.norm(e, c.norm_eps)
-        ctx.bigram = self._bigram(ctx) if c.bigram else torch.zeros_like(ctx.x0)
+        ctx.bigram = self._bigram(t, ctx.dtype) if c.bigram else torch.zeros_like(ctx.x0)
         ctx.gates.append(self.gate(0, ctx.x0))
         x = ctx.x0 + self._coef(ctx, "bigram", 0) * ctx.bigram
         ctx.after[-1] = x
         return x
 
-    def _bigram(self, ctx: _Pass) -> Tensor:
+    def _bigram(self, tokens: Tensor, dtype: torch.dtype) -> Tensor:
         """b (n, width): the hashed bigram rows times their ±1 signs."""
         c = self.cfg
-        h = record_parts.bigram_hash(ctx.tokens, c.bigram_rows)
-        s = record_parts.bigram_sign_index(ctx.tokens, c.sign_rows)
-        rows = self._rows("bigram_embed", h.long(), ctx)
-        return record_parts.bigram_vector(rows, self.bigram_signs, s).to(ctx.dtype)
+        h = record_parts.bigram_hash(tokens, c.bigram_rows)
+        s = record_parts.bigram_sign_index(tokens, c.sign_rows)
+        return record_parts.bigram_vector(self.bigram_embed, self.bigram_signs, h, s).to(dtype)
 
     def _layer(self, i: int, x: Tensor, ctx: _Pass) -> Tensor:
         c = self.cfg
@@ -564,7 +538,7 @@ class RecordGPT(nn.Module):
         if ctx.ve is None:
             tables = self.value_embeds.shape[0] // self.cfg.vocab
             offsets = torch.arange(tables, device=ctx.tokens.device)[:, None] * self.cfg.vocab
-            ctx.ve = self._rows("value_embeds", offsets + ctx.tokens[None], ctx)
+            ctx.ve = self.value_embeds[offsets + ctx.tokens[None]]
         return ctx.ve[k].to(ctx.dtype)
 
     def _value_aux(self, i: int, a: Tensor, ctx: _Pass) -> Tensor | None:
@@ -698,12 +672,10 @@ class RecordGPT(nn.Module):
     def training_loss(self, inputs: Tensor, targets: Tensor, cu_seqlens: Tensor, windows: tuple[int, int],
                       attn_scale: float, mtp_weights: Sequence[float], prefix_weight: float, prefix: Tensor,
                       freqs: Tensor | None = None, *, rope: tuple[Tensor, Tensor] | None = None,
-                      dtype: torch.dtype = torch.bfloat16, longest: int | None = None,
-                      table_sums: dict[str, tuple[Tensor, Tensor]] | None = None) -> Tensor:
+                      dtype: torch.dtype = torch.bfloat16, longest: int | None = None) -> Tensor:
         """The summed MTP + prefix loss of the batch (`record_loss.record_training_loss`); targets
-        (n,) are x[t+1]; table_sums as `forward`'s."""
-        h = self(inputs, cu_seqlens, windows, attn_scale, freqs, rope=rope, dtype=dtype, longest=longest,
-                 table_sums=table_sums)
+        (n,) are x[t+1]."""
+        h = self(inputs, cu_seqlens, windows, attn_scale, freqs, rope=rope, dtype=dtype, longest=longest)
         return self.head_loss(h, targets.long(), mtp_weights, prefix_weight, prefix)
 
     def head_loss(self, h: Tensor, targets_next: Tensor, mtp_weights: Sequence[float], prefix_weight: float,

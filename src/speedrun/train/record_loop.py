@@ -15,10 +15,7 @@ supplies exactly that. Why it is built this way:
   no division by tokens), NorMuon updates the banks every step, Adam the rest on odd steps from the
   even step's kept gradients (`RecordAdam.restore_pending_grads` puts them back before the odd
   step's backward, as the record's surviving gradients are), the embedding unties from the head at
-  the split step, and FP8's MLP weights are re-quantised after every update. Where the kernels
-  look tables up row by row, the token, bigram and value tables' gradients go into sums the loss
-  holds (`table_sums.TableSums`), started after Adam's restore and handed over as `.grad` before
-  the update, so the optimisers see what autograd would have left.
+  the split step, and FP8's MLP weights are re-quantised after every update.
 - What the spec keeps besides parameters and optimiser state is saved with a checkpoint
   (`extra_state`): the FP8 delayed scales. The tie is part of Adam's state dict.
 - What serves the model's seams on this device is chosen once (`record_attention.pick`). On a GPU
@@ -187,16 +184,11 @@ class RecordTrainer(Trainer):
         self.loader.plan = plan
         batches = self.guard.next_batches()
         total = torch.zeros((), device=self.device)
-        sums = self.loss.sums
-        if sums is not None:
-            sums.start()  # after the restore: an odd step's tables add onto the even step's sums
         with self.guard.health.watch(step):
             for batch in batches:
                 loss = self.guard.loss(self.micro_loss(batch, plan))
                 (loss / self.micro_steps).backward()
                 total += loss.detach().float()
-        if sums is not None:
-            sums.finish()
         self.guard.before_update(step)
         self.grad_norm = grad_norm(self.model) if self._log_step(step) else None
         muon.step()

@@ -10,9 +10,7 @@ call the functions here rather than each writing its own.
   head's gradient scale 1/micro-steps) and the kernels the device's one choice gives it.
 - `MicroLoss`: the training loss of one micro-batch at a step's plan, compiled with static shapes
   where the run compiles: the loss weights reach it as tensors (they move every step), the windows,
-  YaRN scale and cut length as constants of the stage. One graph per stage. Where the kernels look
-  tables up row by row it holds the tables' gradient sums (`table_sums.TableSums`), which every
-  micro-step's graph takes, so a precompile child's graph is the trainer's.
+  YaRN scale and cut length as constants of the stage. One graph per stage.
 """
 
 from __future__ import annotations
@@ -29,7 +27,6 @@ from speedrun.model.record import RecordGPT
 from speedrun.model.record_fp8 import Fp8Training
 from speedrun.model.record_loss import prefix_table
 from speedrun.train import stages
-from speedrun.train.table_sums import TableSums
 
 # Inductor's mix-order reduction fusion fails on the loss's (n - 1)-row slices (torch 2.11: an
 # assertion "16384 v.s. 16383" in its scheduler), so it stays off for the record's graphs.
@@ -77,9 +74,6 @@ class MicroLoss:
         self.cfg, self.device, self.dtype = cfg, device, dtype
         self.fn = torch.compile(model.training_loss, dynamic=False, options=COMPILE_OPTIONS) if compiled \
             else model.training_loss
-        # the looked-up tables' gradients go into sums kept for the run where the kernels can add them
-        # row by row (train/table_sums.py); the trainer starts and finishes them around a step
-        self.sums = TableSums(model, model.lookup_table_names()) if model.kernels.lookup is not None else None
         self.prefix = prefix_table(get_encoding(), cfg.model.vocab).to(device)
         m = cfg.model
         self.yarn = {k: stages.yarn_state(cfg.stages, k, device=device, pairs=m.rope_pairs, base=m.rope_base)
@@ -109,4 +103,4 @@ class MicroLoss:
         mtp, pi = self.weights(plan)
         return self.fn(batch.inputs, batch.targets, batch.cu_seqlens, (plan.short_window, plan.long_window),
                        self.yarn[plan.stage][1], mtp, pi, self.prefix, rope=self.rope(plan.stage, batch.inputs.numel()),
-                       dtype=self.dtype, longest=plan.max_doc_len, table_sums=self.sums and self.sums.pairs)
+                       dtype=self.dtype, longest=plan.max_doc_len)
