@@ -53,58 +53,9 @@ _INTERPRETED = textwrap.dedent(r'''
 ''')
 
 
-# The FP8 up-product with its quantisation in the epilogue (kernels/relu2_mlp.py) against
-# `mlp_up_quantized`: 300 rows and 512 columns are six 128 x 256 tiles on the interpreter's four
-# programs, so two programs take a second tile and two repeat the last; K = 256 is two 128-wide steps.
-_INTERPRETED_FP8 = textwrap.dedent(r'''
-    import json
-    import torch
-    from speedrun.kernels.record_attention import relu2_fp8_up
-    from speedrun.model.record_fp8 import amax_scale, mlp_up_quantized, quantize_post, quantize_w1
-
-    g = torch.Generator().manual_seed(0)
-    N, D, F = 300, 256, 512
-    a = torch.randn(N, D, generator=g).bfloat16()
-    w1 = (torch.randn(F, D, generator=g) / 16).bfloat16()
-    s_w1 = amax_scale(w1, 1.0)
-    w1_f8 = quantize_w1(w1, s_w1)
-    _, _, top = mlp_up_quantized(a, w1_f8, s_w1, torch.ones(()))
-    s_act = top / 448 * 0.5  # the largest posts saturate at 448
-    got = relu2_fp8_up(a, w1_f8, s_w1, s_act)
-    want = mlp_up_quantized(a, w1_f8, s_w1, s_act)
-    post, post_f8, gtop = got
-    codes = post_f8.view(torch.uint8)
-    print("RESULT " + json.dumps(dict(
-        dtypes=[str(t.dtype) for t in got], shapes=[list(t.shape) for t in got],
-        post_rel=((post.double() - want[0].double()).abs().max() / want[0].double().abs().max()).item(),
-        post_equal=(post == want[0]).double().mean().item(),
-        codes_of_own_post=bool(torch.equal(codes, quantize_post(post, s_act).view(torch.uint8))),
-        codes_equal=(codes == want[1].view(torch.uint8)).double().mean().item(),
-        saturated=int((post_f8.float() == 448).sum()), zeros=(post == 0).double().mean().item(),
-        top_is_max=gtop.item() == post.float().max().item(), top_rel=abs(gtop.item() / want[2].item() - 1))))
-''')
-
-
 @pytest.fixture(scope="module")
 def interpreted():
     return run_interpreted(_INTERPRETED)
-
-
-@pytest.fixture(scope="module")
-def interpreted_fp8():
-    return run_interpreted(_INTERPRETED_FP8)
-
-
-def test_interpreted_fp8_up_product_is_the_reference(interpreted_fp8):
-    r = interpreted_fp8
-    assert r["dtypes"] == ["torch.bfloat16", "torch.float8_e4m3fn", "torch.float32"]
-    assert r["shapes"] == [[300, 512], [300, 512], []]
-    # the FP8 products are exact; only the float32 sums' order differs, so post moves by a bf16 step at most
-    assert r["post_rel"] < 1e-2 and r["post_equal"] > 0.95, r
-    # post_f8 is exactly the reference's quantisation of the kernel's own post, saturation included
-    assert r["codes_of_own_post"] and r["saturated"] > 0 and 0.3 < r["zeros"] < 0.7, r
-    assert r["codes_equal"] > 0.95, r
-    assert r["top_is_max"] and r["top_rel"] < 1e-2, r
 
 
 def test_interpreted_kernels_are_the_reference_mlp(interpreted):
@@ -186,35 +137,9 @@ def test_an_fp8_training_backward_reaches_the_backward_seam_on_every_layer():
     assert torch.equal(got, want)  # the seam passes the reference's own function through
 
 
-def test_an_fp8_training_forward_reaches_the_up_seam_on_every_layer():
-    model, args = _tiny()
-    model.fp8 = record_fp8.Fp8Training(record_fp8.RECORD_FP8, None, model.cfg.mlp_bank_layers)
-    model.fp8.refresh(model.mlp_bank, bootstrap=True)
-    calls = []
-
-    def spy(a, w1_f8, s_w1, s_act, cfg):
-        calls.append((a.dtype, w1_f8.dtype))
-        return record_fp8.mlp_up_quantized(a, w1_f8, s_w1, s_act, cfg)
-
-    def run(kernels):
-        model.kernels = kernels
-        for state in model.fp8.mlp:
-            state.s_act = torch.ones(())
-        out = model(*args, dtype=torch.bfloat16)
-        return out, [state.s_act for state in model.fp8.mlp]
-
-    model.train()
-    with torch.no_grad():
-        want, want_scales = run(RecordKernels())
-        got, got_scales = run(RecordKernels(mlp_up=spy))
-    assert calls == [(torch.bfloat16, torch.float8_e4m3fn)] * model.cfg.num_layers
-    assert torch.equal(got, want)  # the seam passes the reference's own function through
-    assert all(torch.equal(x, y) for x, y in zip(got_scales, want_scales))  # and the next s_act from its max
-
-
 def test_the_choice_on_the_cpu():
     kernels = record_attention.pick("auto", torch.device("cpu"))
-    assert kernels.mlp is None and kernels.mlp_backward is None and kernels.mlp_up is None
+    assert kernels.mlp is None and kernels.mlp_backward is None
 
 
 def _record_layer() -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -269,30 +194,6 @@ def test_gpu_fp8_mlp_backward_at_record_size():
     post = (a @ w1.T).float().relu().square().bfloat16()
     _assert_bf16_close(record_attention.relu2_backward(g, a, w1, w2, post),
                        record_fp8.mlp_backward_bf16(g, a, w1, w2, post))
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_gpu_fp8_up_product_at_record_size():
-    """The FP8 up-product and its quantisation by the kernel against `mlp_up_quantized` (`_scaled_mm`
-    and Inductor's passes in training; here eager), one layer of one micro-step: post within a bf16
-    step, post_f8 exactly the quantisation of the kernel's own post, and its maximum exact."""
-    if torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("the kernels serve capability 9.0")
-    kernels = record_attention.pick("auto", torch.device("cuda"))
-    assert kernels.mlp_up is record_attention.relu2_fp8_up
-    a, w1, _, _ = _record_layer()
-    s_w1 = record_fp8.amax_scale(w1, 1.0)
-    w1_f8 = record_fp8.quantize_w1(w1, s_w1)
-    _, _, top = record_fp8.mlp_up_quantized(a, w1_f8, s_w1, torch.ones((), device="cuda"), product=kernels.fp8_product)
-    s_act = top / 448 * 0.5  # the largest posts saturate
-    post, post_f8, got_top = record_attention.relu2_fp8_up(a, w1_f8, s_w1, s_act)
-    want = record_fp8.mlp_up_quantized(a, w1_f8, s_w1, s_act, product=kernels.fp8_product)
-    _assert_bf16_close([post], [want[0]])
-    assert torch.equal(post_f8.view(torch.uint8), record_fp8.quantize_post(post, s_act).view(torch.uint8))
-    assert (post_f8.view(torch.uint8) != want[1].view(torch.uint8)).float().mean().item() < 0.2
-    assert (post_f8.float() == 448).any()
-    assert got_top.item() == post.float().max().item()
 
 
 @pytest.mark.gpu

@@ -5,8 +5,10 @@ Each variant is the device's kernel set (`record_attention.pick`) with one seam,
 PTX special functions, put back on its reference; a variant whose steps stay finite where `default`'s
 do not names the kernel. The steps run eagerly unless --compile (a compiled run is minutes a variant).
 After each step: the step's loss, the parameters and Adam's pending (even-step) gradients that hold a
-NaN or an infinity. Written for 2026-12-07: `8b632af` trained to NaN at step 2 on an H100, in both
-the FP8 and bf16 MLP's benches, where `8f5d585`'s bench had stayed finite on an H200.
+NaN or an infinity. If the eager default stays finite, --all runs the compiled step without the loss
+kernels and then as it is. Written for 2026-12-07: `8b632af` trained to NaN at step 2 on an H100;
+this found the loss kernel's hardware e5m2 cast (only `ce_hand`, `no_head_loss` and `no_loss` stayed
+finite; fixed in `101a48d`).
 
     python scripts/bench/record_kernel_bisect.py default            # one variant: its JSON lines
     python scripts/bench/record_kernel_bisect.py --all OUT.json      # every variant, a process each
@@ -31,7 +33,7 @@ VARIANTS = {  # name: what goes back to its reference, the likelier culprits fir
     "ce_hand": "the loss kernel as the interpreter builds it (also the e5m2 rounding by hand), compiled",
     "ce_tiles": "the e5m2 pair's 128 x 64 tiles (32 x 256 instead, 8f5d585's)",
     "no_head_loss": "the FP8 head's fused loss (the FP8 products, then the bf16 loss kernel)",
-    "no_mlp_kernels": "the FP8 MLP's up-product and backward kernels",
+    "no_mlp_kernels": "the FP8 MLP's backward kernel",
     "no_dc": "the DC kernels (the reference term)",
     "adam_eager": "RecordAdam's Triton update",
     "no_loss": "both loss kernels (the reference loss on float32 logits)",
@@ -63,7 +65,7 @@ def _apply(variant: str, trainer) -> None:
     model = trainer.model
     k = model.kernels
     swaps = {"no_head_loss": dict(head_loss=None), "no_loss": dict(head_loss=None, loss=None),
-             "no_dc": dict(dc=None), "no_mlp_kernels": dict(mlp_up=None, mlp_backward=None)}
+             "no_dc": dict(dc=None), "no_mlp_kernels": dict(mlp_backward=None)}
     if variant in swaps:
         model.kernels = replace(k, **swaps[variant])
     if variant == "adam_eager":

@@ -36,7 +36,7 @@ from speedrun.kernels.choice import TRITON_FOUND
 from speedrun.kernels.record_ce import fp8_head_training_loss, fused_training_loss
 from speedrun.kernels.record_fp8 import scaled_product
 from speedrun.model.record import RecordKernels
-from speedrun.model.record_fp8 import RECORD_FP8, Fp8Config, quantize_activation, reference_product
+from speedrun.model.record_fp8 import reference_product
 
 
 def _varlen():
@@ -68,16 +68,6 @@ def relu2_product(a: Tensor, w1: Tensor, w2: Tensor, impl: str = "auto") -> Tens
     return relu2_mlp.relu2_mlp(a, w1, w2.T, impl)
 
 
-def relu2_fp8_up(a: Tensor, w1_f8: Tensor, s_w1: Tensor, s_act: Tensor,
-                 cfg: Fp8Config = RECORD_FP8) -> tuple[Tensor, Tensor, Tensor]:
-    """`record_fp8.mlp_up_quantized` with its product by `relu2_mlp`'s FP8 kernel: a quantised (an
-    Inductor pass), then pre, relu², post's e4m3 cast and its maximum in the product's epilogue, so
-    neither pre nor a pass over post is written. The kernel's 448 is e4m3's largest value (cfg.e4m3_max)."""
-    a_f8, s_a = quantize_activation(a, cfg)
-    post, post_f8, maxima = torch.ops.speedrun.relu2_fp8_up(a_f8, w1_f8, s_w1 * s_a, s_act)
-    return post, post_f8, maxima.amax()
-
-
 def relu2_backward(g: Tensor, a: Tensor, w1: Tensor, w2: Tensor, post: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """`record_fp8.mlp_backward_bf16` by `relu2_mlp`'s backward: dpre made in the epilogue of g·W2ᵀ
     (relu(pre) = bf16(√post), the reference's), so neither g·W2ᵀ nor a pass over it is written. The
@@ -91,8 +81,8 @@ def pick(kernels: str, device: torch.device) -> RecordKernels:
     chooses. The references (an empty `RecordKernels`) on the CPU, under `reference`, and where
     torch has no varlen attention; FP8 products by `_scaled_mm` where the GPU has FP8; the fused
     head loss and the DC kernels (`record_dc`) on every GPU, the head's FP8 products fused with the
-    loss where FP8 runs; the bf16 MLP's kernels, forward and the FP8 MLP's backward, and the FP8 MLP's
-    up-product with its quantisation, where they run (capability 9.0)."""
+    loss where FP8 runs; the bf16 MLP's kernels, forward and the FP8 MLP's backward, where they run
+    (capability 9.0)."""
     if kernels == "reference" or device.type != "cuda" or _varlen() is None:
         return RecordKernels()
     capability = torch.cuda.get_device_capability(device)
@@ -100,5 +90,4 @@ def pick(kernels: str, device: torch.device) -> RecordKernels:
     dc = record_dc.dc_correction if TRITON_FOUND else None
     return RecordKernels("varlen", varlen_attend, dc, scaled_product if fp8 else reference_product,
                          fused_training_loss, relu2_product if hopper else None,
-                         fp8_head_training_loss if fp8 else None, relu2_backward if hopper else None,
-                         relu2_fp8_up if hopper else None)
+                         fp8_head_training_loss if fp8 else None, relu2_backward if hopper else None)

@@ -69,10 +69,8 @@ class RecordKernels:
     MLP where FP8 does not serve it, as `record_fp8.mlp_reference`; head_loss(h, lm_head,
     targets_next, mtp_weights, prefix_weight, prefix, fp8_cfg, fp8_product) -> the float32 sum, as
     `RecordGPT.head_loss` with the FP8 head; mlp_backward(g, a, w1, w2, post) -> (da, dW1, dW2), the
-    FP8 MLP's bf16 backward, as `record_fp8.mlp_backward_bf16`; mlp_up(a, w1_f8, s_w1, s_act, cfg) ->
-    (post, post_f8, max(post)), the FP8 MLP's up-product and quantisation, as
-    `record_fp8.mlp_up_quantized`. attend, dc, loss and head_loss serve half-precision inputs only, mlp
-    bfloat16 only."""
+    FP8 MLP's bf16 backward, as `record_fp8.mlp_backward_bf16`. attend, dc, loss and head_loss serve
+    half-precision inputs only, mlp bfloat16 only."""
 
     name: str = "reference"
     attend: Callable | None = None
@@ -82,7 +80,6 @@ class RecordKernels:
     mlp: Callable | None = None
     head_loss: Callable | None = None
     mlp_backward: Callable | None = None
-    mlp_up: Callable | None = None
 
 
 @dataclass(frozen=True)
@@ -524,8 +521,7 @@ class RecordGPT(nn.Module):
         w1, w2 = self.mlp_bank[layer, 0].to(a.dtype), self.mlp_bank[layer, 1].to(a.dtype)
         if self.training and self.fp8 is not None and self.fp8.mlp is not None:
             backward = self.kernels.mlp_backward or mlp_backward_bf16
-            return fp8_mlp(a, w1, w2, self.fp8.mlp[layer], True, self.kernels.fp8_product, backward,
-                           self.kernels.mlp_up)
+            return fp8_mlp(a, w1, w2, self.fp8.mlp[layer], True, self.kernels.fp8_product, backward)
         if self.kernels.mlp is not None and a.dtype == torch.bfloat16:
             return self.kernels.mlp(a, w1, w2)
         return F.relu(a @ w1.T).square() @ w2

@@ -242,13 +242,9 @@ def mlp_up_fp8(a: Tensor, w1_f8: Tensor, s_w1: Tensor, cfg: Fp8Config = RECORD_F
 def mlp_up_quantized(a: Tensor, w1_f8: Tensor, s_w1: Tensor, s_act: Tensor, cfg: Fp8Config = RECORD_FP8,
                      product: Product = reference_product) -> tuple[Tensor, Tensor, Tensor]:
     """The FP8 forward up to the down-product: post (`mlp_up_fp8`), post_f8 = `quantize_post`(post,
-    s_act) and max(post) (0-d, post ≥ 0), from which the next s_act is made. The seam of
-    `RecordKernels.mlp_up`, whose kernel does the three in the up-product's epilogue."""
+    s_act) and max(post) (0-d, post ≥ 0), from which the next s_act is made."""
     _, post = mlp_up_fp8(a, w1_f8, s_w1, cfg, product)
     return post, quantize_post(post, s_act, cfg), max_by_rows(post)
-
-
-MlpUp = Callable[[Tensor, Tensor, Tensor, Tensor, Fp8Config], tuple[Tensor, Tensor, Tensor]]
 
 
 def mlp_down_quantized(post_f8: Tensor, w2_f8_t: Tensor, s_w2: Tensor, s_act: Tensor,
@@ -356,13 +352,9 @@ class _Fp8Mlp(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, a: Tensor, w1: Tensor, w2: Tensor, w1_f8: Tensor, s_w1: Tensor, w2_f8_t: Tensor, s_w2: Tensor,
-                s_act: Tensor, cfg: Fp8Config, product: Product, backward: MlpBackward,
-                up: MlpUp | None) -> tuple[Tensor, Tensor]:
+                s_act: Tensor, cfg: Fp8Config, product: Product, backward: MlpBackward) -> tuple[Tensor, Tensor]:
         flat = a.reshape(-1, a.shape[-1])
-        if up is None:
-            post, post_f8, top = mlp_up_quantized(flat, w1_f8, s_w1, s_act, cfg, product)
-        else:
-            post, post_f8, top = up(flat, w1_f8, s_w1, s_act, cfg)
+        post, post_f8, top = mlp_up_quantized(flat, w1_f8, s_w1, s_act, cfg, product)
         out = mlp_down_quantized(post_f8, w2_f8_t, s_w2, s_act, product)
         ctx.save_for_backward(flat, w1, w2, post)
         ctx.backward = backward
@@ -374,18 +366,16 @@ class _Fp8Mlp(torch.autograd.Function):
     def backward(ctx, g: Tensor, _: Tensor):
         flat, w1, w2, post = ctx.saved_tensors
         da, dw1, dw2 = ctx.backward(g.reshape(-1, g.shape[-1]), flat, w1, w2, post)
-        return (da.view(*g.shape[:-1], w1.shape[1]), dw1, dw2) + (None,) * 9
+        return (da.view(*g.shape[:-1], w1.shape[1]), dw1, dw2) + (None,) * 8
 
 
 def fp8_mlp(a: Tensor, w1: Tensor, w2: Tensor, state: Fp8MlpState, training: bool,
-            product: Product = reference_product, backward: MlpBackward = mlp_backward_bf16,
-            up: MlpUp | None = None) -> Tensor:
+            product: Product = reference_product, backward: MlpBackward = mlp_backward_bf16) -> Tensor:
     """The record's MLP relu(a·W1ᵀ)²·W2 for the normed a (..., 768), W1 and W2 (3072, 768), all bf16.
 
     Training: the FP8 forward with `state`'s quantised weights (which `state.refresh` made from
     these W1, W2 after the last optimiser step), then s_act is updated from this forward's post;
-    the up-product and the post's quantisation by `up` (None: `mlp_up_quantized` with `product`), the
-    backward bf16 (`backward`, as `mlp_backward_bf16`). Eval: `mlp_reference`, state untouched."""
+    the backward bf16 (`backward`, as `mlp_backward_bf16`). Eval: `mlp_reference`, state untouched."""
     for name, t in (("a", a), ("W1", w1), ("W2", w2)):
         if t.dtype != BF16:
             raise TypeError(f"fp8_mlp takes bf16 tensors; {name} is {t.dtype}")
@@ -394,7 +384,7 @@ def fp8_mlp(a: Tensor, w1: Tensor, w2: Tensor, state: Fp8MlpState, training: boo
     if not state.ready:
         raise RuntimeError("fp8_mlp: refresh the FP8 state (bootstrap=True) before the first training forward")
     out, state.s_act = _Fp8Mlp.apply(a, w1, w2, state.w1_f8, state.s_w1, state.w2_f8_t, state.s_w2, state.s_act,
-                                     state.cfg, product, backward, up)
+                                     state.cfg, product, backward)
     return out
 
 
