@@ -10,7 +10,7 @@
 #              bench:K:bf16 with the MLP in bf16 (fp8.mlp=false); bench...@old the same of the older tree
 #              in .old/src (`git archive COMMIT src | tar -x -C .old`, carried) on its own compiler cache
 #   ce         the loss kernel's forms and tiles at stage 2's micro-batch (scripts/bench/record_ce_bench.py)
-#   tests      the record's GPU tests (attention, FP8, the fused loss, Adam's kernel), their printed shares
+#   tests      the record's GPU tests (attention, FP8, the fused loss, Adam's kernel, three whole steps), their printed shares
 #   bisect     record_kernel_bisect.py --all: the first steps eagerly with each kernel put back on its
 #              reference in turn, which keeps the loss finite (a NaN run's first call)
 # e.g. `record_runs.sh 161:0 161:1 bench`. Carry .proxy161 or .proxy322 (scripts/bench/record_carry_sets.py
@@ -45,7 +45,7 @@ item() {
     ce) (cd scripts/bench && timeout "$(left)" python3 record_ce_bench.py "$RES/record-ce-bench.json") \
           > "$RES/record-ce-bench.log" 2>&1; grep -E "floor|form" "$RES/record-ce-bench.log" | cut -c1-150 ;;
     tests) timeout "$(left)" python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_record_attention_gpu.py \
-             tests/test_record_fp8_gpu.py tests/test_record_ce_gpu.py tests/test_record_adam.py tests/test_record_mlp.py tests/test_record_dc.py tests/test_record_head_loss.py -s > "$RES/gpu-tests.log" 2>&1; tail -3 "$RES/gpu-tests.log" ;;
+             tests/test_record_fp8_gpu.py tests/test_record_ce_gpu.py tests/test_record_adam.py tests/test_record_mlp.py tests/test_record_dc.py tests/test_record_head_loss.py tests/test_record_steps_gpu.py -s > "$RES/gpu-tests.log" 2>&1; tail -3 "$RES/gpu-tests.log" ;;
     bisect) unpack .proxy161; timeout "$(left)" python3 scripts/bench/record_kernel_bisect.py --all "$RES/kernel-bisect.json" --data .proxy161 \
               --steps 3 --timeout 55 > "$RES/kernel-bisect.log" 2>&1; tail -10 "$RES/kernel-bisect.log" ;;
     *) echo "usage: $0 161:SEED | 322 | bench | bench:K[:bf16][@old] | ce | tests | bisect ..."; exit 2 ;;

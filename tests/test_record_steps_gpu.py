@@ -1,0 +1,40 @@
+"""The 2026 record's first training steps on a GPU, with the kernels the device's one choice gives: finite.
+
+Each kernel's GPU test holds it to its reference on test inputs; this holds whole steps at the record's
+size on a training run's own values, which those inputs can miss: the loss kernel's hardware e5m2 cast
+gave the right codes on random logits at 8,192 rows and a non-finite head weight gradient at step 0
+of training, so the record trained to NaN at step 2 (2026-12-07, found by
+`scripts/bench/record_kernel_bisect.py`). Three steps, eagerly (about 30 s): Adam's first update is
+step 1's, so step 2's loss is the first to read it. Random tokens, as `speedrun bench` draws them.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+def test_the_first_three_steps_and_the_weights_stay_finite(tmp_path):
+    from speedrun.bench import record_steps
+    from speedrun.config import apply_overrides, validate
+    from speedrun.recipes.registry import get_preset
+    from speedrun.train.dist import init_distributed
+    from speedrun.train.record_loop import RecordTrainer
+
+    info = init_distributed()
+    (tmp_path / "data").mkdir()
+    base = apply_overrides(get_preset("record"), ["train.compile=off", "train.precompile=false"])
+    cfg = record_steps._config(base, tmp_path / "data")
+    validate(cfg, info.world_size)
+    record_steps.write_data(tmp_path / "data", cfg, 3, None)
+    trainer = RecordTrainer(cfg, info, tmp_path / "run", progress=False, t_start=time.time())
+    losses = [float(trainer.train_step(step)) for step in range(3)]
+    assert all(math.isfinite(x) for x in losses), losses
+    bad = [n for n, p in trainer.model.named_parameters() if not torch.isfinite(p.detach()).all()]
+    assert not bad, bad
