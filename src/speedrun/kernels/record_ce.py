@@ -20,16 +20,19 @@ subtracted, after a barrier, so the sweep compares no column with five targets. 
 block are int32 and only the block's base is int64 (n·V passes 2^31): the tiles' registers stay at
 40–160 a thread with no spills (compiled for sm_90 offline under Triton 3.6 and 3.9;
 `tests/test_record_kernel_resources.py`).
-On a GPU the e5m2 codes come from the hardware's cast; under Triton's interpreter from a rounding by
-hand that gives the same codes (`_round_e5m2`).
+The e5m2 codes come from a rounding by hand onto e5m2's grid (`_round_e5m2`) and then an exact cast,
+on every backend: the hardware's cast of the unrounded values left the transposed copy's codes
+non-finite in training (the record trained to NaN at step 2 on an H100, 2026-12-07), and Triton 3.9's
+interpreted cast is wrong.
 
 The sweeps are bound by the special-function unit (16 results a clock an SM against 128 issued
 instructions), so the arithmetic is `softcap_ce`'s lean kernel's: base-2 exponentials with the
 constants folded, the PTX `ex2`/`rcp` instructions without Triton's range fix-ups on NVIDIA GPUs, and
 one reciprocal for two columns' sigmoids (`_sigmoid_pair`, columns c and c + BV/2 of a sweep step).
-Compiled for sm_90 (Triton 3.6, offline), the e5m2 form's two sweeps take 12.7 + 23.5 instructions
-an element, 5 of them special-function, where `8f5d585`'s took 24.4 + 42.9 and 6 (9.2 ms a call at
-the 49,152-row micro-batch on an H200).
+Compiled for sm_90 (Triton 3.6, offline) with the hardware's cast, the e5m2 form's two sweeps took
+12.7 + 23.5 instructions an element, 5 of them special-function, where `8f5d585`'s took 24.4 + 42.9
+and 6 (9.2 ms a call at the 49,152-row micro-batch on an H200); the rounding by hand, back since
+`101a48d`, makes it 7.5 ms a call on an H100 where the hardware's cast took 6.9.
 The gradient takes one of two forms:
 
 - bf16 (n, V), which the backward multiplies by each row's upstream gradient in place: nothing else
