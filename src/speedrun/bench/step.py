@@ -864,11 +864,15 @@ def cmd_bench(args) -> int:
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_text(path, json.dumps(result, indent=2, default=str) + "\n")
             print(f"bench: wrote {path}")
-        broken = record_steps.nonfinite_stages(result) if record else \
-            ([] if result["last_loss"] is None or math.isfinite(result["last_loss"]) else ["the measured"])
-        if broken:  # the figures are kept above, but a broken step's time is not a result
-            print(f"bench: error: the training loss is not finite in stage(s) {', '.join(map(str, broken))}: "
-                  "the step is broken and its timing is not the step's", file=sys.stderr)
+        if record:
+            stages = record_steps.nonfinite_stages(result)
+            where = f"stage(s) {', '.join(map(str, stages))}" if stages else None
+        else:
+            loss = result["last_loss"]
+            where = "the measured steps" if loss is not None and not math.isfinite(loss) else None
+        if where:  # the figures are kept above, but a broken step's time is not a result
+            print(f"bench: error: the training loss is not finite in {where}: the step is broken and its "
+                  "timing is not the step's", file=sys.stderr)
             return 1
         return 0
     finally:
