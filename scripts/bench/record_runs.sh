@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The 2026 record's measurements on one GPU, in the order given, on one compiler cache for the whole call
 # (empty first, so the first item's start is the cold start):
-#   161:SEED   a whole proxy161 run from .proxy161 with that seed
+#   161:SEED   a whole proxy161 run from .proxy161 with that seed; 161:SEED:bf16 with the MLP in bf16
+#              (fp8.mlp=false), 161:SEED:fp8 with it in FP8 (fp8.mlp=true), whatever the preset's default
 #   322        one proxy322 run from .proxy322
 #   bench      `speedrun bench --preset record --data .proxy161`: ms a step in each stage, then one pair of
 #              each stage under the profiler (the documents bound raised as proxy161's: the proxy's
@@ -32,6 +33,10 @@ run() {  # run RUN DATA ARGS...: speedrun train into /tmp/runs/RUN on the call's
 }
 item() {
   case $1 in
+    161:*:bf16) unpack .proxy161; local seed=${1#161:}; seed=${seed%:bf16}
+           run "proxy161-seed$seed-bf16" .proxy161 --preset proxy161 --seed "$seed" --set fp8.mlp=false ;;
+    161:*:fp8) unpack .proxy161; local seed=${1#161:}; seed=${seed%:fp8}
+           run "proxy161-seed$seed-fp8" .proxy161 --preset proxy161 --seed "$seed" --set fp8.mlp=true ;;
     161:*) unpack .proxy161; run "proxy161-seed${1#161:}" .proxy161 --preset proxy161 --seed "${1#161:}" ;;
     322) unpack .proxy322; run proxy322 .proxy322 --preset proxy322 ;;
     bench|bench:*) local spec=${1#bench} tag=record only=() mlp=() src=src cache=record
@@ -48,7 +53,7 @@ item() {
              tests/test_record_fp8_gpu.py tests/test_record_ce_gpu.py tests/test_record_adam.py tests/test_record_mlp.py tests/test_record_dc.py tests/test_record_head_loss.py tests/test_record_steps_gpu.py -s > "$RES/gpu-tests.log" 2>&1; tail -3 "$RES/gpu-tests.log" ;;
     bisect) unpack .proxy161; timeout "$(left)" python3 scripts/bench/record_kernel_bisect.py --all "$RES/kernel-bisect.json" --data .proxy161 \
               --steps 3 --timeout 55 > "$RES/kernel-bisect.log" 2>&1; tail -10 "$RES/kernel-bisect.log" ;;
-    *) echo "usage: $0 161:SEED | 322 | bench | bench:K[:bf16][@old] | ce | tests | bisect ..."; exit 2 ;;
+    *) echo "usage: $0 161:SEED[:bf16|:fp8] | 322 | bench | bench:K[:bf16][@old] | ce | tests | bisect ..."; exit 2 ;;
   esac
 }
 gpus_csv
