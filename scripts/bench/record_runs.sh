@@ -14,6 +14,7 @@
 #   tests      the record's GPU tests (attention, FP8, the fused loss, Adam's kernel, three whole steps), their printed shares
 #   bisect     record_kernel_bisect.py --all: the first steps eagerly with each kernel put back on its
 #              reference in turn, which keeps the loss finite (a NaN run's first call)
+# KEEP_CACHE=1 keeps the cache an earlier call on the same (still held) machine left.
 # e.g. `record_runs.sh 161:0 161:1 bench`. Carry .proxy161 or .proxy322 (scripts/bench/record_carry_sets.py
 # makes them). LIMIT (seconds, default 560) bounds the whole call: an item that would start too late is
 # skipped, and the one running at the limit is stopped, so the results are always packed before the
@@ -58,7 +59,7 @@ item() {
 }
 gpus_csv
 bytecode_on
-rm -rf "$C/record"
+[ "${KEEP_CACHE:-0}" = 1 ] || rm -rf "$C/record"
 for it in "$@"; do
   if [ "$(left)" -lt 60 ]; then echo "skipped $it: $(left) s left"; continue; fi
   item "$it"
