@@ -3,7 +3,7 @@
 # (empty first, so the first item's start is the cold start):
 #   161:SEED   a whole proxy161 run from .proxy161 with that seed; 161:SEED:bf16 with the MLP in bf16
 #              (fp8.mlp=false), 161:SEED:fp8 with it in FP8 (fp8.mlp=true), whatever the preset's default
-#   322        one proxy322 run from .proxy322
+#   322        one proxy322 run from .proxy322 (322:bf16 with the MLP in bf16)
 #   bench      `speedrun bench --preset record --data .proxy161`: ms a step in each stage, then one pair of
 #              each stage under the profiler (the documents bound raised as proxy161's: the proxy's
 #              documents are shorter than FineWeb's)
@@ -40,6 +40,7 @@ item() {
            run "proxy161-seed$seed-fp8" .proxy161 --preset proxy161 --seed "$seed" --set fp8.mlp=true ;;
     161:*) unpack .proxy161; run "proxy161-seed${1#161:}" .proxy161 --preset proxy161 --seed "${1#161:}" ;;
     322) unpack .proxy322; run proxy322 .proxy322 --preset proxy322 ;;
+    322:bf16) unpack .proxy322; run proxy322-bf16 .proxy322 --preset proxy322 --set fp8.mlp=false ;;
     bench|bench:*) local spec=${1#bench} tag=record only=() mlp=() src=src cache=record
            case $spec in *@old) spec=${spec%@old}; src=.old/src; cache=record-old; tag=old ;; esac
            case $spec in :*:bf16) mlp=(--set fp8.mlp=false); spec=${spec%:bf16}; tag=$tag-bf16 ;; esac
