@@ -459,9 +459,9 @@ _INTERPRETED_KERNEL = textwrap.dedent(r'''
     from speedrun.optim.record_adam import RecordAdam, adam_update, new_state, record_adam_groups, RecordAdamConfig
 
     def diff(a, b):
-        a, b = a.float(), b.float()
+        dtype, a, b = str(a.dtype), a.float(), b.float()
         return {"unequal": int((a != b).sum()), "max_abs": float((a - b).abs().max()),
-                "scale": float(b.abs().max()), "n": a.numel()}
+                "scale": float(b.abs().max()), "n": a.numel(), "dtype": dtype}
 
     gen = torch.Generator().manual_seed(0)
     out = {"update": [], "optimiser": []}
@@ -523,9 +523,16 @@ def test_interpreted_kernel_is_the_eager_update(interpreted_kernel):
 
 
 def test_interpreted_kernel_steps_the_optimiser_alike(interpreted_kernel):
-    """RecordAdam with kernel="triton" through the odd steps, the tie and the split: the eager result."""
+    """RecordAdam with kernel="triton" through the odd steps, the tie and the split: the eager result.
+    bfloat16 weights within one rounding in a fiftieth of their elements; the float32 scalars within a
+    few last places, as the update's test finds them (the CPU's eager addcmul rounds otherwise, and by
+    the CPU: two of the six scalars differed by 3e-8 on an AMD EPYC of 2026-12-07, where the suite had
+    passed at 5c0f230 on another machine)."""
     for name, d in interpreted_kernel["optimiser"].items():
-        assert d["max_abs"] <= 2 ** -7 * max(d["scale"], 1e-30) and d["unequal"] <= max(1, d["n"] // 50), (name, d)
+        if d["dtype"] == "torch.float32":
+            assert d["max_abs"] <= 2 ** -20 * max(d["scale"], 1e-30), (name, d)
+        else:
+            assert d["max_abs"] <= 2 ** -7 * max(d["scale"], 1e-30) and d["unequal"] <= max(1, d["n"] // 50), (name, d)
 
 
 def test_kernel_choice_is_checked():

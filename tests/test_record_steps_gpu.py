@@ -6,6 +6,7 @@ gave the right codes on random logits at 8,192 rows and a non-finite head weight
 of training, so the record trained to NaN at step 2 (2026-12-07, found by
 `scripts/bench/record_kernel_bisect.py`). Three steps, eagerly (about 30 s): Adam's first update is
 step 1's, so step 2's loss is the first to read it. Random tokens, as `speedrun bench` draws them.
+Both MLP forms: bf16 (the default) and FP8 with the delayed scales (the record's own).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
-def test_the_first_three_steps_and_the_weights_stay_finite(tmp_path):
+@pytest.mark.parametrize("fp8_mlp", [False, True])
+def test_the_first_three_steps_and_the_weights_stay_finite(tmp_path, fp8_mlp):
     from speedrun.bench import record_steps
     from speedrun.config import apply_overrides, validate
     from speedrun.recipes.registry import get_preset
@@ -29,7 +31,8 @@ def test_the_first_three_steps_and_the_weights_stay_finite(tmp_path):
 
     info = init_distributed()
     (tmp_path / "data").mkdir()
-    base = apply_overrides(get_preset("record"), ["train.compile=off", "train.precompile=false"])
+    base = apply_overrides(get_preset("record"), ["train.compile=off", "train.precompile=false",
+                                                  f"fp8.mlp={str(fp8_mlp).lower()}"])
     cfg = record_steps._config(base, tmp_path / "data")
     validate(cfg, info.world_size)
     record_steps.write_data(tmp_path / "data", cfg, 3, None)

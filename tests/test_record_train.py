@@ -184,7 +184,7 @@ def test_resume_across_a_stage_transition_is_exact(straight, tmp_path, data):
 
 
 def test_bf16_with_fp8_resumes_exactly(tmp_path, data):
-    bf16 = ["--set", "train.dtype=bfloat16", "--checkpoint-every", "3"]
+    bf16 = ["--set", "train.dtype=bfloat16", "--set", "fp8.mlp=true", "--checkpoint-every", "3"]
     a, b = tmp_path / "a", tmp_path / "b"
     assert main(["train", "--out", str(a), *tiny(data), *bf16]) == 0
     summary = json.loads((a / "summary.json").read_text())

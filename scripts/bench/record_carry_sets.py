@@ -1,14 +1,16 @@
 """Make the proxy subsets that one device call can carry for the 2026 record's runs.
 
-The tree and the whole proxy corpus (58.6 MiB of xz) pass the 64 MiB a call carries by about 0.3 MiB.
+The tree (6.2 MB on 2026-12-07) and the whole proxy corpus (58.6 MiB of xz) pass the 64 MiB a call carries.
 `proxy161` trains on 42.5M tokens, but the record's loader drops the rest of every document past the
 stage's cut length (896 tokens in stage 0, 2,048 after), so it runs through all four shards (52M
 tokens) and wraps at step 154. `.proxy161` therefore holds all four training shards with every token
 that no `proxy161` step reads set to 0 (document starts kept, so the loader's walk is unchanged) and
 the whole val shard; `main` replays the run's loader on the result and checks that every batch is
-the original's. `proxy322` reads 84.9M tokens (1.6 passes over all four shards): `.proxy322` holds the
-four training shards and the val shard cut after 2,100,000 tokens, of which a run reads 2,097,153
-(60.9 MB). Both folders are git-ignored; name them in the call's `carry`.
+the original's. `proxy322` reads 84.9M tokens (1.6 passes over all four shards; the loader wraps at
+step 198): `.proxy322` holds the four training shards alone (58.4 MB), since with the val shard the
+tree passed the 64 MiB by 2026-12-07; `record_runs.sh 322` takes the val shard from the `.proxy161`
+that an earlier call of the same lease left on the machine. Both folders are git-ignored; name them
+in the call's `carry`.
 
 usage: python scripts/bench/record_carry_sets.py [PROXY_DIR]     (default ../shared/proxy)
 """
@@ -110,7 +112,7 @@ def main(proxy: Path) -> None:
     shutil.copyfile(proxy / "fineweb_val_000000.bin.xz", ".proxy161/fineweb_val_000000.bin.xz")
     for i in (1, 2, 3, 4):
         shutil.copyfile(proxy / f"fineweb_train_00000{i}.bin.xz", f".proxy322/fineweb_train_00000{i}.bin.xz")
-    cut_shard(proxy / "fineweb_val_000000.bin.xz", Path(".proxy322/fineweb_val_000000.bin.xz"), 2_100_000, False)
+    Path(".proxy322/fineweb_val_000000.bin.xz").unlink(missing_ok=True)
 
 
 if __name__ == "__main__":

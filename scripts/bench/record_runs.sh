@@ -3,12 +3,14 @@
 # (empty first, so the first item's start is the cold start):
 #   161:SEED   a whole proxy161 run from .proxy161 with that seed; 161:SEED:bf16 with the MLP in bf16
 #              (fp8.mlp=false), 161:SEED:fp8 with it in FP8 (fp8.mlp=true), whatever the preset's default
-#   322        one proxy322 run from .proxy322 (322:bf16 with the MLP in bf16)
+#   322        one proxy322 run from .proxy322 (322:bf16 / 322:fp8 with the MLP in bf16 / FP8); .proxy322 holds
+#              the training shards alone, the val shard comes from the .proxy161 an earlier call of the
+#              same lease left on the machine (with it the tree passes the 64 MiB a call carries)
 #   bench      `speedrun bench --preset record --data .proxy161`: ms a step in each stage, then one pair of
 #              each stage under the profiler (the documents bound raised as proxy161's: the proxy's
 #              documents are shorter than FineWeb's)
 #   bench:K    the same for stage K alone (one stage's compile, a profile small enough to bring back);
-#              bench:K:bf16 with the MLP in bf16 (fp8.mlp=false); bench...@old the same of the older tree
+#              bench:K:bf16 / bench:K:fp8 with the MLP in bf16 / FP8 (fp8.mlp=false / true); bench...@old the same of the older tree
 #              in .old/src (`git archive COMMIT src | tar -x -C .old`, carried) on its own compiler cache
 #   ce         the loss kernel's forms and tiles at stage 2's micro-batch (scripts/bench/record_ce_bench.py)
 #   tests      the record's GPU tests (attention, FP8, the fused loss, Adam's kernel, three whole steps), their printed shares
@@ -39,11 +41,15 @@ item() {
     161:*:fp8) unpack .proxy161; local seed=${1#161:}; seed=${seed%:fp8}
            run "proxy161-seed$seed-fp8" .proxy161 --preset proxy161 --seed "$seed" --set fp8.mlp=true ;;
     161:*) unpack .proxy161; run "proxy161-seed${1#161:}" .proxy161 --preset proxy161 --seed "${1#161:}" ;;
-    322) unpack .proxy322; run proxy322 .proxy322 --preset proxy322 ;;
-    322:bf16) unpack .proxy322; run proxy322-bf16 .proxy322 --preset proxy322 --set fp8.mlp=false ;;
+    322*) local val=fineweb_val_000000.bin.xz mlp=() tag=proxy322
+          case $1 in *:bf16) mlp=(--set fp8.mlp=false); tag=$tag-bf16 ;; *:fp8) mlp=(--set fp8.mlp=true); tag=$tag-fp8 ;; esac
+          [ -f .proxy322/$val ] || cp .proxy161/$val .proxy322/ 2>/dev/null \
+            || { echo "322: no val shard: neither .proxy322/$val nor .proxy161/$val (carry .proxy161 in an earlier call)"; return; }
+          unpack .proxy322; run "$tag" .proxy322 --preset proxy322 "${mlp[@]}" ;;
     bench|bench:*) local spec=${1#bench} tag=record only=() mlp=() src=src cache=record
            case $spec in *@old) spec=${spec%@old}; src=.old/src; cache=record-old; tag=old ;; esac
-           case $spec in :*:bf16) mlp=(--set fp8.mlp=false); spec=${spec%:bf16}; tag=$tag-bf16 ;; esac
+           case $spec in :*:bf16) mlp=(--set fp8.mlp=false); spec=${spec%:bf16}; tag=$tag-bf16 ;;
+                         :*:fp8) mlp=(--set fp8.mlp=true); spec=${spec%:fp8}; tag=$tag-fp8 ;; esac
            [ -n "$spec" ] && { tag=$tag-stage${spec#:}; only=(--stages "${spec#:}"); }
            unpack .proxy161; env $(caches $cache) PYTHONPATH="$PWD/$src" timeout "$(left)" python3 -m speedrun.cli.__main__ \
              bench --preset record --pairs 5 --data .proxy161 --set docs.max_docs_mult=4 "${only[@]}" "${mlp[@]}" \
@@ -55,7 +61,7 @@ item() {
              tests/test_record_fp8_gpu.py tests/test_record_ce_gpu.py tests/test_record_adam.py tests/test_record_mlp.py tests/test_record_dc.py tests/test_record_head_loss.py tests/test_record_steps_gpu.py -s > "$RES/gpu-tests.log" 2>&1; tail -3 "$RES/gpu-tests.log" ;;
     bisect) unpack .proxy161; timeout "$(left)" python3 scripts/bench/record_kernel_bisect.py --all "$RES/kernel-bisect.json" --data .proxy161 \
               --steps 3 --timeout 55 > "$RES/kernel-bisect.log" 2>&1; tail -10 "$RES/kernel-bisect.log" ;;
-    *) echo "usage: $0 161:SEED[:bf16|:fp8] | 322 | bench | bench:K[:bf16][@old] | ce | tests | bisect ..."; exit 2 ;;
+    *) echo "usage: $0 161:SEED[:bf16|:fp8] | 322[:bf16|:fp8] | bench | bench:K[:bf16|:fp8][@old] | ce | tests | bisect ..."; exit 2 ;;
   esac
 }
 gpus_csv

@@ -58,7 +58,7 @@ KERNELS = (
            "kernels/record_dc.py: forward, dQ and dK/dV kernels on the 112-key band",
            "the same", "model/record_parts.py's dc_correction",
            "tests/test_record_dc.py, tests/test_record_attention_gpu.py"),
-    Kernel("RecordGPT.mlp in bf16 (evaluation, or training with fp8.mlp off)",
+    Kernel("RecordGPT.mlp in bf16 (evaluation, and training unless fp8.mlp is on)",
            "kernels/record_attention.py: relu2_mlp.py's kernels (the ReLU² in the products' epilogues)",
            REFERENCE, REFERENCE, "tests/test_record_mlp.py"),
     Kernel("record_fp8.reference_product (the FP8 head and MLP products)",
