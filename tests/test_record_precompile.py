@@ -5,6 +5,8 @@ hit is what only a GPU run shows)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import torch
 
@@ -21,12 +23,24 @@ from speedrun.train.dist import DistInfo
 from speedrun.train.record_loop import RecordTrainer
 
 
-def test_a_child_per_later_stage_or_one_for_all():
+def test_a_child_per_later_stage_or_fewer_on_smaller_cards():
     cfg = get_preset("proxy161")
     firsts = list(stages.stage_ends(cfg.stages)[1:4])  # 53, 106, 159: the first steps of stages 1-3
     assert [stages.stage_index(cfg.stages, s) for s in firsts] == [1, 2, 3]
-    assert record_precompile.child_steps(cfg, roomy=True) == [[s] for s in firsts]
-    assert record_precompile.child_steps(cfg, roomy=False) == [firsts]
+    assert record_precompile.child_steps(cfg, 3) == [[53], [106], [159]]
+    assert record_precompile.child_steps(cfg, 2) == [[53], [106, 159]]
+    assert record_precompile.child_steps(cfg, 1) == [firsts]
+    assert record_precompile.child_steps(cfg, 5) == [[53], [106], [159]]  # never more than the stages
+    # an H200 (139 GiB usable), an H100 (79.6), a 40 GiB card
+    assert [record_precompile.children_for(g) for g in (139.8, 79.6, 40.0)] == [3, 2, 1]
+
+
+def test_a_schedule_without_its_extension_compiles_only_the_stages_it_meets():
+    cfg = get_preset("proxy161")
+    cfg.stages = replace(cfg.stages, extension_steps=0)  # stage 3 would start at step 159, the end
+    assert record_precompile.child_steps(cfg, 3) == [[53], [106]]
+    assert record_precompile.child_steps(cfg, 2) == [[53], [106]]
+    assert record_precompile.child_steps(cfg, 1) == [[53, 106]]
 
 
 def test_no_child_on_the_cpu_or_when_switched_off(tmp_path):

@@ -13,8 +13,12 @@ cache hits. The cold start becomes about one stage's compile instead of four.
 
 A child computes nothing the run uses. One that fails or is slow costs time, never results: the
 trainer then compiles that stage itself. Each child holds a model and one micro-step's activations on
-the GPU (about 20 GiB at the record's largest micro-batch): on a card of less than 120 GiB the three
-stages share one child, in order, so that the children and the trainer fit beside each other.
+the GPU (16.6 GiB for stage 1 and 24.2 for stages 2 and 3 at the record's size, beside the trainer's
+14.6 in stage 0; an H100, 2026-12-07): a card of 120 GiB or more gets a child per stage; one of 64 GiB
+or more two, the first later stage alone and the rest in order in the other (stage 3's graph reuses
+stage 2's kernels, so it compiles in 47 s after it against 58 for stage 2); a smaller card one child
+for all three. With one child, an H100's cold start was 259.5 s, 180.4 s of it the child's three
+compiles in turn (75.6 / 57.8 / 47.0 s).
 `train.precompile=false` turns them off; they run only where the step is compiled and warmed up.
 Rank 0's children write `precompile-stage<k>.log` in the run folder.
 """
@@ -37,14 +41,20 @@ import torch
 from speedrun.compile import precompile
 from speedrun.train import stages
 
-ROOMY_GIB = 120  # a card this large holds a child per stage beside the trainer
+CHILDREN_BY_GIB = ((120, 3), (64, 2))  # (card GiB at least, children) beside the trainer; else one
 
 
-def child_steps(cfg, roomy: bool) -> list[list[int]]:
-    """The steps each child compiles: the first step of each later stage, one child each when the
-    card is roomy, else one child for all of them."""
+def children_for(total_gib: float) -> int:
+    """How many children a card of total_gib holds beside the trainer (module docstring)."""
+    return next((n for gib, n in CHILDREN_BY_GIB if total_gib >= gib), 1)
+
+
+def child_steps(cfg, children: int) -> list[list[int]]:
+    """The steps each child compiles: the first step of each later stage; the first children - 1 of
+    them one child each, the rest in order in the last child."""
     firsts = [b for b in stages.stage_ends(cfg.stages)[1:stages.N_STAGES + 1] if b < cfg.stages.total_steps]
-    return [[s] for s in firsts] if roomy else [firsts] if firsts else []
+    alone = max(min(children, len(firsts)) - 1, 0)
+    return [[s] for s in firsts[:alone]] + ([firsts[alone:]] if firsts[alone:] else [])
 
 
 def start(cfg, info, log_dir: Path | None) -> list[subprocess.Popen]:
@@ -52,12 +62,12 @@ def start(cfg, info, log_dir: Path | None) -> list[subprocess.Popen]:
     GPU); they inherit the environment, so they fill the caches the trainer reads."""
     if not cfg.train.precompile or info.device.type != "cuda":
         return []
-    roomy = torch.cuda.get_device_properties(info.device).total_memory >= ROOMY_GIB * 2**30
+    children = children_for(torch.cuda.get_device_properties(info.device).total_memory / 2**30)
     fd, cfg_path = tempfile.mkstemp(prefix="speedrun-record-precompile-", suffix=".json")
     with os.fdopen(fd, "w") as f:
         json.dump(cfg.to_dict(), f)
     procs = []
-    for steps in child_steps(cfg, roomy):
+    for steps in child_steps(cfg, children):
         name = _log_name(cfg, steps)
         log = open(log_dir / name, "w") if log_dir is not None and info.is_main else subprocess.DEVNULL
         cmd = [sys.executable, "-m", "speedrun.compile.record_precompile", "--config", cfg_path, "--device",
@@ -67,7 +77,7 @@ def start(cfg, info, log_dir: Path | None) -> list[subprocess.Popen]:
         finally:
             if log is not subprocess.DEVNULL:
                 log.close()
-    for p, steps in zip(procs, child_steps(cfg, roomy)):
+    for p, steps in zip(procs, child_steps(cfg, children)):
         p.t0, p.cfg_path, p.log_name = time.time(), cfg_path, _log_name(cfg, steps)
     atexit.register(stop, procs)  # a trainer that fails before waiting leaves no child behind
     return procs
