@@ -34,19 +34,6 @@ from speedrun.train import stages
 BOS = 50256
 
 
-def cut_shard(src: Path, dst: Path, tokens: int, at_document: bool) -> None:
-    """dst.xz: src's first `tokens` tokens (up to the next document start when `at_document`)."""
-    raw = dst.with_suffix("")
-    with lzma.open(src) as f, open(raw, "wb") as out:
-        shutil.copyfileobj(f, out)
-    t = read_shard(raw)
-    end = int(np.flatnonzero(t[tokens:] == BOS)[0]) + tokens if at_document else tokens
-    write_shard(raw, np.asarray(t[:end]))
-    with open(raw, "rb") as f, lzma.open(dst, "wb", preset=9 | lzma.PRESET_EXTREME) as out:
-        shutil.copyfileobj(f, out)
-    raw.unlink()
-
-
 def _unpacked(proxy: Path, tmp: Path) -> list[Path]:
     """The training shards of `proxy`, decompressed into tmp, in name order."""
     out = []

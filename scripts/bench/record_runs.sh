@@ -34,22 +34,23 @@ run() {  # run RUN DATA ARGS...: speedrun train into /tmp/runs/RUN on the call's
     --out "/tmp/runs/$name" "$@" > "$RES/$name.log" 2>&1
   echo "$(date +%T) end $name: exit $? | $(grep -E 'cold start|precompile|final val|rror' "$RES/$name.log" | tr '\n' ' ')"
 }
+mlp_form() {  # mlp_form SPEC: SPEC less a trailing :bf16 or :fp8 into $spec, the MLP's --set into $mlp, -bf16/-fp8 into $form
+  spec=$1 mlp=() form=""
+  case $1 in *:bf16) spec=${1%:bf16} mlp=(--set fp8.mlp=false) form=-bf16 ;;
+             *:fp8) spec=${1%:fp8} mlp=(--set fp8.mlp=true) form=-fp8 ;; esac
+}
 item() {
+  local spec mlp form
   case $1 in
-    161:*:bf16) unpack .proxy161; local seed=${1#161:}; seed=${seed%:bf16}
-           run "proxy161-seed$seed-bf16" .proxy161 --preset proxy161 --seed "$seed" --set fp8.mlp=false ;;
-    161:*:fp8) unpack .proxy161; local seed=${1#161:}; seed=${seed%:fp8}
-           run "proxy161-seed$seed-fp8" .proxy161 --preset proxy161 --seed "$seed" --set fp8.mlp=true ;;
-    161:*) unpack .proxy161; run "proxy161-seed${1#161:}" .proxy161 --preset proxy161 --seed "${1#161:}" ;;
-    322*) local val=fineweb_val_000000.bin.xz mlp=() tag=proxy322
-          case $1 in *:bf16) mlp=(--set fp8.mlp=false); tag=$tag-bf16 ;; *:fp8) mlp=(--set fp8.mlp=true); tag=$tag-fp8 ;; esac
+    161:*) mlp_form "${1#161:}"; unpack .proxy161
+           run "proxy161-seed$spec$form" .proxy161 --preset proxy161 --seed "$spec" "${mlp[@]}" ;;
+    322*) local val=fineweb_val_000000.bin.xz; mlp_form "$1"
           [ -f .proxy322/$val ] || cp .proxy161/$val .proxy322/ 2>/dev/null \
             || { echo "322: no val shard: neither .proxy322/$val nor .proxy161/$val (carry .proxy161 in an earlier call)"; return; }
-          unpack .proxy322; run "$tag" .proxy322 --preset proxy322 "${mlp[@]}" ;;
-    bench|bench:*) local spec=${1#bench} tag=record only=() mlp=() src=src cache=record
-           case $spec in *@old) spec=${spec%@old}; src=.old/src; cache=record-old; tag=old ;; esac
-           case $spec in :*:bf16) mlp=(--set fp8.mlp=false); spec=${spec%:bf16}; tag=$tag-bf16 ;;
-                         :*:fp8) mlp=(--set fp8.mlp=true); spec=${spec%:fp8}; tag=$tag-fp8 ;; esac
+          unpack .proxy322; run "proxy322$form" .proxy322 --preset proxy322 "${mlp[@]}" ;;
+    bench|bench:*) local tag=record only=() src=src cache=record base=${1%@old}
+           [ "$base" != "$1" ] && { src=.old/src; cache=record-old; tag=old; }
+           mlp_form "${base#bench}"; tag=$tag$form
            [ -n "$spec" ] && { tag=$tag-stage${spec#:}; only=(--stages "${spec#:}"); }
            unpack .proxy161; env $(caches $cache) PYTHONPATH="$PWD/$src" timeout "$(left)" python3 -m speedrun.cli.__main__ \
              bench --preset record --pairs 5 --data .proxy161 --set docs.max_docs_mult=4 "${only[@]}" "${mlp[@]}" \

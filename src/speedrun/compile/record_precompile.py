@@ -66,8 +66,8 @@ def start(cfg, info, log_dir: Path | None) -> list[subprocess.Popen]:
     fd, cfg_path = tempfile.mkstemp(prefix="speedrun-record-precompile-", suffix=".json")
     with os.fdopen(fd, "w") as f:
         json.dump(cfg.to_dict(), f)
-    procs = []
-    for steps in child_steps(cfg, children):
+    procs, groups = [], child_steps(cfg, children)
+    for steps in groups:
         name = _log_name(cfg, steps)
         log = open(log_dir / name, "w") if log_dir is not None and info.is_main else subprocess.DEVNULL
         cmd = [sys.executable, "-m", "speedrun.compile.record_precompile", "--config", cfg_path, "--device",
@@ -77,7 +77,7 @@ def start(cfg, info, log_dir: Path | None) -> list[subprocess.Popen]:
         finally:
             if log is not subprocess.DEVNULL:
                 log.close()
-    for p, steps in zip(procs, child_steps(cfg, children)):
+    for p, steps in zip(procs, groups):
         p.t0, p.cfg_path, p.log_name = time.time(), cfg_path, _log_name(cfg, steps)
     atexit.register(stop, procs)  # a trainer that fails before waiting leaves no child behind
     return procs
