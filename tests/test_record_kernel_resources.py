@@ -36,7 +36,7 @@ def test_dc_kernels_fit_hopper_shared_memory(triton, which):
     assert _usage(kernel)["REG"] <= 255
 
 
-@pytest.mark.parametrize("grad", [0, 1, 2])
+@pytest.mark.parametrize("grad", [0, 1, 2, 3])
 def test_loss_kernel_fits_without_spills(triton, grad):
     from speedrun.kernels import record_ce
     kernel = record_ce.compile_offline(grad)

@@ -65,18 +65,20 @@ MAX_TERMS = 4  # MTP terms the kernel takes (the record has at most 3)
 # pair): the e5m2 pair's transposed store writes each column's rows as one run, 128 bytes at 128 rows
 # (runs of 32 ran at 1.5 TB/s in the 2025 head's measurements, `ce_grad_gluon`); the bf16 form's 32 × 256
 # spilled under Triton 3.9 (`tests/test_record_kernel_resources.py`)
-TILES = {0: (32, 256, 8), 1: (64, 128, 8), 2: (128, 64, 8)}
+TILES = {0: (32, 256, 8), 1: (32, 128, 8), 2: (128, 128, 8), "pair_sweeps": (128, 64, 8)}
+SPLIT_PAIR = True
+TARGET_ROWS = 128
 E5M2_MAX = 57344.0  # e5m2's largest finite value: the saturating gradient's bound
 
 triton = tl = None  # set by built_once on first use
-_mtp_ce_kernel = _terms = _round_e5m2 = _store_grad = _target_grad = _term = _term_loss = None
+_mtp_ce_kernel = _e5m2_pair_kernel = _target_kernel = _terms = _round_e5m2 = _store_grad = _target_grad = _term = _term_loss = None
 _ex2 = _rcp = _sigmoid = _sigmoid_pair = _sweep_step = _base2 = None
 
 
 @built_once
 def _build(interpreted: bool):
     """Define the kernel once (`built_once`); its helpers are module globals, as the interpreter needs."""
-    global _mtp_ce_kernel, _terms, _round_e5m2, _store_grad, _target_grad, _term, _term_loss
+    global _mtp_ce_kernel, _e5m2_pair_kernel, _target_kernel, _terms, _round_e5m2, _store_grad, _target_grad, _term, _term_loss
     global _ex2, _rcp, _sigmoid, _sigmoid_pair, _sweep_step, _base2
 
     if not interpreted and torch.version.hip is None:
@@ -201,7 +203,7 @@ def _build(interpreted: bool):
         _store_grad(G, GT, rows * V + t, t * n + rows, g, live, g_mult, g_max, GRAD)
 
     @triton.jit
-    def _mtp_ce_kernel(Z, TN, PRE, W, PI, LOSS, G, GT, n, stride_z, cap, shift, inv_div, g_mult, g_max,
+    def _mtp_ce_kernel(Z, TN, PRE, W, PI, LOSS, STATS, G, GT, n, stride_z, cap, shift, inv_div, g_mult, g_max,
                        V: tl.constexpr, K: tl.constexpr, HAS_PREFIX: tl.constexpr, GRAD: tl.constexpr,
                        BM: tl.constexpr, BV: tl.constexpr):
         # int64 for the block's first row and whatever is addressed from it across the whole (n, V)
@@ -231,9 +233,12 @@ def _build(interpreted: bool):
                 + _term_loss(z_rows, live, t3, w3, lse, cap, shift, k2)
                 + _term_loss(z_rows, live, tp, wp, lse, cap, shift, k2))
         tl.store(LOSS + rows, loss, mask=live)
+        total = w0 + w1 + w2 + w3 + wp
+        if GRAD == 3:  # the e5m2 pair in the kernels that follow: each row's lse and weight sum for them
+            tl.store(STATS + rows, lse, mask=live)
+            tl.store(STATS + n + rows, total, mask=live)
 
-        if GRAD > 0:
-            total = w0 + w1 + w2 + w3 + wp
+        if GRAD == 1 or GRAD == 2:
             slope = cap * inv_div  # ∂ẑ/∂z = (c/d)·σ(1 − σ)
             s_tile = total[:, None] * slope
             g_tile = G + row0 * V + r[:, None] * V
@@ -257,7 +262,54 @@ def _build(interpreted: bool):
             _target_grad(Z, G, GT, rows, live, n, stride_z, tp, t0, w0, t1, w1, t2, w2, t3, w3, tp, wp, total, lse2,
                          cap2, slope, shift, k2, g_mult, g_max, V, GRAD)
 
-    return _mtp_ce_kernel
+    @triton.jit
+    def _e5m2_pair_kernel(Z, STATS, G, GT, n, stride_z, cap, shift, inv_div, g_mult, g_max,
+                          V: tl.constexpr, BM: tl.constexpr, BV: tl.constexpr):
+        """The e5m2 pair's (S·p)·σ′ over one tile of BM rows and BV columns, from the rows' lse and S
+        that the sweeps wrote; the target columns are `_target_kernel`'s, launched after this."""
+        row0 = tl.program_id(0).to(tl.int64) * BM
+        v0 = tl.program_id(1) * BV  # a column: int32 (V < 2^31); v0·n is not, so its base is int64
+        r = tl.arange(0, BM)
+        rows = row0 + r
+        live = rows < n
+        HALF: tl.constexpr = BV // 2
+        cols = tl.arange(0, HALF)
+        k2, cap2 = _base2(-inv_div), _base2(cap)
+        lse2 = _base2(tl.load(STATS + rows, mask=live, other=0.0))[:, None]
+        s_tile = tl.load(STATS + n + rows, mask=live, other=0.0)[:, None] * (cap * inv_div)
+        z_tile = Z + row0 * stride_z + r[:, None] * stride_z
+        ia, ib, oka, okb, sa, sb = _sweep_step(z_tile, v0, cols, live, shift, k2, V, HALF)
+        g_tile = G + row0 * V + r[:, None] * V
+        gt_tile = GT + (row0 + v0.to(tl.int64) * n) + r[:, None]
+        _store_grad(g_tile, gt_tile, ia[None, :], cols[None, :] * n,
+                    s_tile * _ex2(cap2 * sa - lse2) * sa * (1.0 - sa), oka, g_mult, g_max, 2)
+        _store_grad(g_tile, gt_tile, ib[None, :], (cols + HALF)[None, :] * n,
+                    s_tile * _ex2(cap2 * sb - lse2) * sb * (1.0 - sb), okb, g_mult, g_max, 2)
+
+    @triton.jit
+    def _target_kernel(Z, TN, PRE, W, PI, STATS, G, GT, n, stride_z, cap, shift, inv_div, g_mult, g_max,
+                       V: tl.constexpr, K: tl.constexpr, HAS_PREFIX: tl.constexpr, BM: tl.constexpr):
+        """The e5m2 pair's target columns of BM rows, each with its targets' weights subtracted, over
+        what `_e5m2_pair_kernel` wrote there."""
+        rows = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)
+        live = rows < n
+        k2, cap2 = _base2(-inv_div), _base2(cap)
+        t0, w0, t1, w1, t2, w2, t3, w3, tp, wp = _terms(TN, PRE, W, PI, rows, live, n, K, HAS_PREFIX)
+        total = w0 + w1 + w2 + w3 + wp
+        lse2 = _base2(tl.load(STATS + rows, mask=live, other=0.0))
+        slope = cap * inv_div
+        _target_grad(Z, G, GT, rows, live, n, stride_z, t0, t0, w0, t1, w1, t2, w2, t3, w3, tp, wp, total, lse2,
+                     cap2, slope, shift, k2, g_mult, g_max, V, 2)
+        _target_grad(Z, G, GT, rows, live, n, stride_z, t1, t0, w0, t1, w1, t2, w2, t3, w3, tp, wp, total, lse2,
+                     cap2, slope, shift, k2, g_mult, g_max, V, 2)
+        _target_grad(Z, G, GT, rows, live, n, stride_z, t2, t0, w0, t1, w1, t2, w2, t3, w3, tp, wp, total, lse2,
+                     cap2, slope, shift, k2, g_mult, g_max, V, 2)
+        _target_grad(Z, G, GT, rows, live, n, stride_z, t3, t0, w0, t1, w1, t2, w2, t3, w3, tp, wp, total, lse2,
+                     cap2, slope, shift, k2, g_mult, g_max, V, 2)
+        _target_grad(Z, G, GT, rows, live, n, stride_z, tp, t0, w0, t1, w1, t2, w2, t3, w3, tp, wp, total, lse2,
+                     cap2, slope, shift, k2, g_mult, g_max, V, 2)
+
+    return _mtp_ce_kernel, _e5m2_pair_kernel, _target_kernel
 
 
 def launch(z: Tensor, targets_next: Tensor, weights: Tensor, prefix_weight: Tensor, prefix: Tensor,
@@ -265,7 +317,7 @@ def launch(z: Tensor, targets_next: Tensor, weights: Tensor, prefix_weight: Tens
     """Per-row losses (n,) float32 and the gradient d loss_t / d z: without want_grad none ((0,)
     tensors); with e5m2_mult 0 in z's dtype (n, V); else e5m2(clamp(g·e5m2_mult)) as (n, V) and
     its transpose (V, n), both contiguous (the two layouts the head's two FP8 gradient products read)."""
-    kernel = _build()
+    sweeps, pair, targets = _build()
     if weights.numel() > MAX_TERMS:
         raise ValueError(f"record_ce: at most {MAX_TERMS} MTP weights, got {weights.numel()}")
     if z.stride(-1) != 1:
@@ -277,25 +329,38 @@ def launch(z: Tensor, targets_next: Tensor, weights: Tensor, prefix_weight: Tens
     losses = torch.empty(n, dtype=torch.float32, device=z.device)
     grad = torch.empty((n, V) if mode else (0,), dtype=dtype, device=z.device)
     grad_t = torch.empty((V, n) if mode == 2 else (0,), dtype=dtype, device=z.device)
-    if n:
-        rows, cols, warps = TILES[mode]
-        kernel[(triton.cdiv(n, rows),)](
-            z, targets_next.contiguous(), prefix, weights.contiguous(), prefix_weight, losses, grad, grad_t, n,
-            z.stride(0), cap, shift, 1.0 / divisor, e5m2_mult, E5M2_MAX, V=V, K=weights.numel(),
-            HAS_PREFIX=has_prefix, GRAD=mode, BM=rows, BV=cols, num_warps=warps)
+    if not n:
+        return losses, grad, grad_t
+    split = mode == 2 and SPLIT_PAIR
+    stats = torch.empty(2 * n if split else 0, dtype=torch.float32, device=z.device)
+    scalars = (n, z.stride(0), cap, shift, 1.0 / divisor, e5m2_mult, E5M2_MAX)
+    tables = (targets_next.contiguous(), prefix, weights.contiguous(), prefix_weight)
+    rows, cols, warps = TILES[0 if split else (mode if mode < 2 else "pair_sweeps")]
+    sweeps[(triton.cdiv(n, rows),)](z, *tables, losses, stats, grad, grad_t, *scalars, V=V, K=weights.numel(),
+                                    HAS_PREFIX=has_prefix, GRAD=3 if split else mode, BM=rows, BV=cols,
+                                    num_warps=warps)
+    if split:
+        rows, cols, warps = TILES[2]
+        pair[(triton.cdiv(n, rows), triton.cdiv(V, cols))](z, stats, grad, grad_t, *scalars, V=V, BM=rows, BV=cols,
+                                                            num_warps=warps)
+        targets[(triton.cdiv(n, TARGET_ROWS),)](z, *tables, stats, grad, grad_t, *scalars, V=V, K=weights.numel(),
+                                                HAS_PREFIX=has_prefix, BM=TARGET_ROWS, num_warps=4)
     return losses, grad, grad_t
 
 
 def compile_offline(grad: int):
-    """Compile the kernel for sm_90 at the record's vocabulary without a GPU (Triton's bundled ptxas),
-    gradient form `grad` (0 none, 1 bf16, 2 the e5m2 pair); the CompiledKernel."""
+    """Compile a kernel for sm_90 at the record's vocabulary without a GPU (Triton's bundled ptxas): the
+    sweeps with gradient form `grad` (0 none, 1 bf16, 3 the rows' statistics for the e5m2 pair), or the
+    e5m2 pair's tile kernel (2); the CompiledKernel."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    kernel = _build()
-    rows, cols, warps = TILES[grad]
-    consts = dict(V=50304, K=3, HAS_PREFIX=True, GRAD=grad, BM=rows, BV=cols)
-    types = {"Z": "*bf16", "TN": "*i64", "PRE": "*i64", "G": "*fp8e5" if grad == 2 else "*bf16",
+    sweeps, pair, _ = _build()
+    kernel = pair if grad == 2 else sweeps
+    rows, cols, warps = TILES[0 if grad == 3 else grad]
+    consts = dict(V=50304, BM=rows, BV=cols) if grad == 2 else dict(V=50304, K=3, HAS_PREFIX=True, GRAD=grad,
+                                                                     BM=rows, BV=cols)
+    types = {"Z": "*bf16", "TN": "*i64", "PRE": "*i64", "G": "*bf16" if grad == 1 else "*fp8e5",
              "GT": "*fp8e5", "n": "i32", "stride_z": "i32"}
     scalars = ("cap", "shift", "inv_div", "g_mult", "g_max")
     signature = {a: "constexpr" if a in consts else ("fp32" if a in scalars else types.get(a, "*fp32"))
