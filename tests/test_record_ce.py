@@ -101,4 +101,4 @@ def test_the_model_takes_the_kernel_for_half_precision_logits_only():
 
 def test_the_gpu_choice_names_the_kernel():
     assert json.dumps(sorted(RecordKernels.__dataclass_fields__)) == json.dumps(
-        sorted(["name", "attend", "dc", "fp8_product", "loss", "mlp", "head_loss", "mlp_backward", "lookup"]))
+        sorted(["name", "attend", "dc", "fp8_product", "loss", "mlp", "head_loss", "mlp_backward"]))

@@ -36,10 +36,10 @@ def test_dc_kernels_fit_hopper_shared_memory(triton, which):
     assert _usage(kernel)["REG"] <= 255
 
 
-@pytest.mark.parametrize("grad", [0, 1, 2, 3])
-def test_loss_kernel_fits_without_spills(triton, grad):
+@pytest.mark.parametrize("grad,pair", [(0, False), (1, False), (2, False), (2, True)])
+def test_loss_kernel_fits_without_spills(triton, grad, pair):
     from speedrun.kernels import record_ce
-    kernel = record_ce.compile_offline(grad)
+    kernel = record_ce.compile_offline(grad, pair)
     usage = _usage(kernel)
     assert kernel.metadata.shared <= HOPPER_SHARED, kernel.metadata.shared
     assert usage.get("STACK", 0) == 0 and usage.get("LOCAL", 0) == 0, usage

@@ -4,10 +4,11 @@ usage: (cd scripts/bench && python3 record_ce_bench.py OUT_JSON)
 
 z: (49152, 50304) bfloat16 logits (randn * 3), three MTP weights and the prefix term, as the record's
 training steps have them. For each gradient form (0 none, as validation; 1 bf16; 2 the e5m2 pair the FP8
-head reads, as three kernels or, with `SPLIT_PAIR` off, as one) the kernels run at `record_ce.TILES`' tiles
-and at the others listed here; each variant's
+head reads: the sweeps at form 0's tile, then the pair's tile kernel) the kernel runs at `record_ce.TILES`'
+tile and at the others listed here (the tile kernel's, for form 2); each variant's
 losses and gradient bytes are compared with the default tile's (the same math: only the order of the
-row sums' additions may differ). Alongside, the bytes' floor: one read of z, and a read and write of an
+row sums' additions, and the partner of a column in the pair of sigmoids that share a reciprocal, which
+a tile's width sets, may differ). Alongside, the bytes' floor: one read of z, and a read and write of an
 e5m2 (n, V) through `Tensor.copy_`. CUDA events, median of 20 after 3 warm-up calls (`cuda_timing`).
 """
 
@@ -20,12 +21,10 @@ from cuda_timing import median_us
 from speedrun.kernels import record_ce
 
 N, V = 49152, 50304
-# (form, tile key, tile) beyond the defaults: form 2's pair as one kernel ("pair_sweeps", SPLIT_PAIR off) or
-# as the sweeps, the tile kernel (key 2) and the targets' kernel
-VARIANTS = {0: [(0, (32, 256, 8)), (0, (64, 128, 8))],
-            1: [(1, (64, 128, 8)), (1, (32, 128, 8)), (1, (32, 256, 8))],
-            2: [(2, (128, 128, 8)), (2, (128, 64, 4)), (2, (64, 128, 4)), (2, (128, 256, 8)), (2, (256, 64, 8)),
-                (2, (64, 256, 8)), ("pair_sweeps", (128, 64, 8)), ("pair_sweeps", (64, 128, 8))]}
+# tiles beyond the defaults: for form 2, the e5m2 pair's tile kernel's (the sweeps keep form 0's tile)
+VARIANTS = {0: [(32, 256, 8), (64, 128, 8)],
+            1: [(64, 128, 8), (32, 128, 8), (32, 256, 8)],
+            2: [(128, 128, 8), (64, 128, 4), (64, 256, 8), (128, 64, 4)]}
 
 
 def inputs():
@@ -41,26 +40,23 @@ def inputs():
 
 def run_form(form: int, args) -> list[dict]:
     want_grad, mult = form > 0, (8.0 if form == 2 else 0.0)
-    default = dict(record_ce.TILES)
+    default = record_ce.TILES[form]
     rows, ref = [], None
-    for key, tile in [(form, default[form])] + [v for v in VARIANTS[form] if v != (form, default[form])]:
-        record_ce.TILES.update(default)
-        record_ce.TILES[key] = tile
-        record_ce.SPLIT_PAIR = key != "pair_sweeps"
+    for tile in [default] + [t for t in VARIANTS[form] if t != default]:
+        record_ce.TILES[form] = tile
         call = lambda: record_ce.launch(*args, True, want_grad, mult)  # noqa: E731
         out = call()
         if ref is None:
             ref = [t.clone() for t in out]
-        row = {"form": form, "kernel": "one" if key == "pair_sweeps" else "split" if form == 2 else "sweeps",
-               "tile": tile, "us": median_us(call), "loss_max_abs_diff": (out[0] - ref[0]).abs().max().item(),
+        row = {"form": form, "tile": tile, "us": median_us(call),
+               "loss_max_abs_diff": (out[0] - ref[0]).abs().max().item(),
                "grad_equal": all(torch.equal(a.view(torch.uint8) if a.dtype == torch.float8_e5m2 else a,
                                              b.view(torch.uint8) if b.dtype == torch.float8_e5m2 else b)
                                  for a, b in zip(out[1:], ref[1:]))}
         rows.append(row)
         print(row, flush=True)
         del out
-    record_ce.TILES.update(default)
-    record_ce.SPLIT_PAIR = True
+    record_ce.TILES[form] = default
     return rows
 
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from speedrun.kernels import embed_rows, record_dc, relu2_mlp
+from speedrun.kernels import record_dc, relu2_mlp
 from speedrun.kernels.choice import TRITON_FOUND
 from speedrun.kernels.record_ce import fp8_head_training_loss, fused_training_loss
 from speedrun.kernels.record_fp8 import scaled_product
@@ -82,7 +82,7 @@ def pick(kernels: str, device: torch.device) -> RecordKernels:
     torch has no varlen attention; FP8 products by `_scaled_mm` where the GPU has FP8; the fused
     head loss and the DC kernels (`record_dc`) on every GPU, the head's FP8 products fused with the
     loss where FP8 runs; the bf16 MLP's kernels, forward and the FP8 MLP's backward, where they run
-    (capability 9.0); the tables' lookups into a trainer's sums (`embed_rows`) on every GPU."""
+    (capability 9.0)."""
     if kernels == "reference" or device.type != "cuda" or _varlen() is None:
         return RecordKernels()
     capability = torch.cuda.get_device_capability(device)
@@ -90,5 +90,4 @@ def pick(kernels: str, device: torch.device) -> RecordKernels:
     dc = record_dc.dc_correction if TRITON_FOUND else None
     return RecordKernels("varlen", varlen_attend, dc, scaled_product if fp8 else reference_product,
                          fused_training_loss, relu2_product if hopper else None,
-                         fp8_head_training_loss if fp8 else None, relu2_backward if hopper else None,
-                         embed_rows.lookup_into)
+                         fp8_head_training_loss if fp8 else None, relu2_backward if hopper else None)

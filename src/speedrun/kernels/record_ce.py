@@ -1,11 +1,11 @@
-"""The 2026 record's training head loss as one Triton kernel: the multi-token and prefix
-cross-entropy of the soft-capped logits, its gradient written in the forward.
+"""The 2026 record's training head loss in Triton: the multi-token and prefix cross-entropy of the
+soft-capped logits, its gradient written in the forward.
 
 The model's loss (`record_loss.record_training_loss`) is the reference: one float32 log-softmax over
 the (n, V) soft-capped logits, each term a gather from it. Compiled, it keeps float32 (n, V) tensors
 alive between the forward and the backward and makes them again in the backward: several hundred KB a
-token, at the record's 49,152-token micro-batch tens of GiB, and as many sweeps of memory. This
-kernel reads the bf16 logits twice and writes the gradient once:
+token, at the record's 49,152-token micro-batch tens of GiB, and as many sweeps of memory. These
+kernels read the bf16 logits twice and write the gradient once:
 
     ẑ = c·σ((z + a)/d) ≤ c,  so  lse = c + log Σ_j exp(ẑ_j − c)  needs no running maximum;
     loss_t = Σ_k w_k·[t + k < n]·(lse − ẑ[x_{t+k+1}]) + π·[T′(x_{t+1}) exists]·(lse − ẑ[T′(x_{t+1})]);
@@ -13,10 +13,17 @@ kernel reads the bf16 logits twice and writes the gradient once:
 
 with S_t the sum of row t's weights. That is the exact gradient of the loss it reports, as autograd
 gives the reference's (the record's own kernel uses Σ_k w_k on the last K − 1 rows too; the spec's
-"Unresolved" notes it). A program takes a block of rows and sweeps the vocabulary twice in (rows,
-columns) tiles (`TILES`). The second sweep writes S_t·softmax·σ′ alone; the (at most `MAX_TERMS` MTP
-terms and the prefix) target columns of each row are then written again with their weights
-subtracted, after a barrier, so the sweep compares no column with five targets. Offsets inside the
+"Unresolved" notes it). A program of the sweeps kernel takes a block of rows and sweeps the
+vocabulary in (rows, columns) tiles (`TILES`): once for the lse and the loss, and for the bf16
+gradient a second time, writing S_t·softmax·σ′ alone; the (at most `MAX_TERMS` MTP terms and the
+prefix) target columns of each row are then written again with their weights subtracted, after a
+barrier, so the sweep compares no column with five targets. The e5m2 pair's second sweep is two
+kernels of their own instead: a tile kernel over (row block, column block), from the rows' lse and
+S that the sweeps kernel wrote, then the target columns' kernel. Written by programs that each swept
+their rows, the pair took 7.56 ms a call at stage 2's micro-batch on an H100 (2026-12-07): 384
+programs of 128 rows, two an SM, are 1.45 waves of 132 SMs, each program's loads and stores in turn.
+The three kernels took 5.96 at 128 × 128 tiles and 5.57 at 64 × 128, the same codes
+(`scripts/bench/record_ce_bench.py`). Offsets inside the
 block are int32 and only the block's base is int64 (n·V passes 2^31): the tiles' registers stay at
 40–160 a thread with no spills (compiled for sm_90 offline under Triton 3.6 and 3.9;
 `tests/test_record_kernel_resources.py`).
@@ -32,7 +39,8 @@ one reciprocal for two columns' sigmoids (`_sigmoid_pair`, columns c and c + BV/
 Compiled for sm_90 (Triton 3.6, offline) with the hardware's cast, the e5m2 form's two sweeps took
 12.7 + 23.5 instructions an element, 5 of them special-function, where `8f5d585`'s took 24.4 + 42.9
 and 6 (9.2 ms a call at the 49,152-row micro-batch on an H200); the rounding by hand, back since
-`101a48d`, makes it 7.5 ms a call on an H100 where the hardware's cast took 6.9.
+`101a48d`, made it 7.5 ms a call on an H100 where the hardware's cast took 6.9, before the split
+above.
 The gradient takes one of two forms:
 
 - bf16 (n, V), which the backward multiplies by each row's upstream gradient in place: nothing else
@@ -40,7 +48,7 @@ The gradient takes one of two forms:
 - with the FP8 head in training, the e5m2 pair that the head's two gradient products read: (n, V)
   for grad_x, whose reduction runs along V, and its transpose (V, n) for grad_W, whose reduction runs
   along the tokens (an FP8 tensor-core product reads both operands along the reduction). The tile
-  writes both, so the bf16 gradient, and the cast-and-transpose pass that read it (34 ms a step at
+  kernel writes both, so the bf16 gradient, and the cast-and-transpose pass that read it (34 ms a step at
   the record's stage 2 on an H100, 2026-12-06), never exist. `fp8_head_training_loss`,
   `RecordKernels.head_loss`: the head's forward product, the kernel, and the two gradient products.
 
@@ -61,24 +69,27 @@ from speedrun.model.record_fp8 import (RECORD_FP8, Fp8Config, Product, head_forw
 from speedrun.model.record_parts import SOFTCAP
 
 MAX_TERMS = 4  # MTP terms the kernel takes (the record has at most 3)
-# (rows a program takes, columns of one sweep step, warps) for each gradient form (none, bf16, the e5m2
-# pair): the e5m2 pair's transposed store writes each column's rows as one run, 128 bytes at 128 rows
-# (runs of 32 ran at 1.5 TB/s in the 2025 head's measurements, `ce_grad_gluon`); the bf16 form's 32 × 256
-# spilled under Triton 3.9 (`tests/test_record_kernel_resources.py`)
-TILES = {0: (32, 256, 8), 1: (32, 128, 8), 2: (128, 128, 8), "pair_sweeps": (128, 64, 8)}
-SPLIT_PAIR = True
-TARGET_ROWS = 128
+# (rows a program takes, columns of one sweep step, warps) for each gradient form: the sweeps' for none
+# and bf16 (the e5m2 pair's sweeps take form 0's), the tile kernel's for the e5m2 pair. Measured at stage
+# 2's micro-batch on an H100 (2026-12-07, `record_ce_bench.py`): bf16 5.40 ms a call at 32 × 128, 5.93 at
+# 64 × 128; the pair's tile kernel 5.57 at 64 × 128 × 4 warps, 5.96 at 128 × 128 × 8, 5.43 at 64 × 256
+# (a tile 256 columns wide pairs other columns' sigmoids, so its codes differ in the last place from the
+# tiles the record's three GPU steps ran, 128 wide: not taken)
+TILES = {0: (32, 256, 8), 1: (32, 128, 8), 2: (64, 128, 4)}
+TARGET_ROWS = 128  # rows a program of the target columns' kernel takes (4 warps)
 E5M2_MAX = 57344.0  # e5m2's largest finite value: the saturating gradient's bound
 
 triton = tl = None  # set by built_once on first use
-_mtp_ce_kernel = _e5m2_pair_kernel = _target_kernel = _terms = _round_e5m2 = _store_grad = _target_grad = _term = _term_loss = None
+_mtp_ce_kernel = _e5m2_pair_kernel = _target_kernel = _terms = _round_e5m2 = None
+_store_grad = _target_grad = _target_grads = _term = _term_loss = None
 _ex2 = _rcp = _sigmoid = _sigmoid_pair = _sweep_step = _base2 = None
 
 
 @built_once
 def _build(interpreted: bool):
     """Define the kernel once (`built_once`); its helpers are module globals, as the interpreter needs."""
-    global _mtp_ce_kernel, _e5m2_pair_kernel, _target_kernel, _terms, _round_e5m2, _store_grad, _target_grad, _term, _term_loss
+    global _mtp_ce_kernel, _e5m2_pair_kernel, _target_kernel, _terms, _round_e5m2, _store_grad, _target_grad
+    global _target_grads, _term, _term_loss
     global _ex2, _rcp, _sigmoid, _sigmoid_pair, _sweep_step, _base2
 
     if not interpreted and torch.version.hip is None:
@@ -203,6 +214,21 @@ def _build(interpreted: bool):
         _store_grad(G, GT, rows * V + t, t * n + rows, g, live, g_mult, g_max, GRAD)
 
     @triton.jit
+    def _target_grads(Z, G, GT, rows, live, n, stride_z, t0, w0, t1, w1, t2, w2, t3, w3, tp, wp, total, lse2,
+                      cap2, slope, shift, k2, g_mult, g_max, V: tl.constexpr, GRAD: tl.constexpr):
+        """`_target_grad` at each of the row's five target columns (the four MTP terms' and the prefix's)."""
+        _target_grad(Z, G, GT, rows, live, n, stride_z, t0, t0, w0, t1, w1, t2, w2, t3, w3, tp, wp, total, lse2,
+                     cap2, slope, shift, k2, g_mult, g_max, V, GRAD)
+        _target_grad(Z, G, GT, rows, live, n, stride_z, t1, t0, w0, t1, w1, t2, w2, t3, w3, tp, wp, total, lse2,
+                     cap2, slope, shift, k2, g_mult, g_max, V, GRAD)
+        _target_grad(Z, G, GT, rows, live, n, stride_z, t2, t0, w0, t1, w1, t2, w2, t3, w3, tp, wp, total, lse2,
+                     cap2, slope, shift, k2, g_mult, g_max, V, GRAD)
+        _target_grad(Z, G, GT, rows, live, n, stride_z, t3, t0, w0, t1, w1, t2, w2, t3, w3, tp, wp, total, lse2,
+                     cap2, slope, shift, k2, g_mult, g_max, V, GRAD)
+        _target_grad(Z, G, GT, rows, live, n, stride_z, tp, t0, w0, t1, w1, t2, w2, t3, w3, tp, wp, total, lse2,
+                     cap2, slope, shift, k2, g_mult, g_max, V, GRAD)
+
+    @triton.jit
     def _mtp_ce_kernel(Z, TN, PRE, W, PI, LOSS, STATS, G, GT, n, stride_z, cap, shift, inv_div, g_mult, g_max,
                        V: tl.constexpr, K: tl.constexpr, HAS_PREFIX: tl.constexpr, GRAD: tl.constexpr,
                        BM: tl.constexpr, BV: tl.constexpr):
@@ -234,33 +260,22 @@ def _build(interpreted: bool):
                 + _term_loss(z_rows, live, tp, wp, lse, cap, shift, k2))
         tl.store(LOSS + rows, loss, mask=live)
         total = w0 + w1 + w2 + w3 + wp
-        if GRAD == 3:  # the e5m2 pair in the kernels that follow: each row's lse and weight sum for them
+        if GRAD == 2:  # the e5m2 pair is the two kernels' that follow: each row's lse and weight sum for them
             tl.store(STATS + rows, lse, mask=live)
             tl.store(STATS + n + rows, total, mask=live)
-
-        if GRAD == 1 or GRAD == 2:
+        if GRAD == 1:
             slope = cap * inv_div  # ∂ẑ/∂z = (c/d)·σ(1 − σ)
             s_tile = total[:, None] * slope
             g_tile = G + row0 * V + r[:, None] * V
-            gt_tile = GT + row0 + r[:, None]  # the sweep step's first column; moves on by BV·n a step
             for v0 in range(0, V, BV):
                 ia, ib, oka, okb, sa, sb = _sweep_step(z_tile, v0, cols, live, shift, k2, V, HALF)
                 ga = s_tile * _ex2(cap2 * sa - lse2[:, None]) * sa * (1.0 - sa)
                 gb = s_tile * _ex2(cap2 * sb - lse2[:, None]) * sb * (1.0 - sb)
-                _store_grad(g_tile, gt_tile, ia[None, :], cols[None, :] * n, ga, oka, g_mult, g_max, GRAD)
-                _store_grad(g_tile, gt_tile, ib[None, :], (cols + HALF)[None, :] * n, gb, okb, g_mult, g_max, GRAD)
-                gt_tile += BV * n
+                _store_grad(g_tile, GT, ia[None, :], 0, ga, oka, g_mult, g_max, 1)
+                _store_grad(g_tile, GT, ib[None, :], 0, gb, okb, g_mult, g_max, 1)
             tl.debug_barrier()  # every thread's sweep stores land before the target columns' overwrite
-            _target_grad(Z, G, GT, rows, live, n, stride_z, t0, t0, w0, t1, w1, t2, w2, t3, w3, tp, wp, total, lse2,
-                         cap2, slope, shift, k2, g_mult, g_max, V, GRAD)
-            _target_grad(Z, G, GT, rows, live, n, stride_z, t1, t0, w0, t1, w1, t2, w2, t3, w3, tp, wp, total, lse2,
-                         cap2, slope, shift, k2, g_mult, g_max, V, GRAD)
-            _target_grad(Z, G, GT, rows, live, n, stride_z, t2, t0, w0, t1, w1, t2, w2, t3, w3, tp, wp, total, lse2,
-                         cap2, slope, shift, k2, g_mult, g_max, V, GRAD)
-            _target_grad(Z, G, GT, rows, live, n, stride_z, t3, t0, w0, t1, w1, t2, w2, t3, w3, tp, wp, total, lse2,
-                         cap2, slope, shift, k2, g_mult, g_max, V, GRAD)
-            _target_grad(Z, G, GT, rows, live, n, stride_z, tp, t0, w0, t1, w1, t2, w2, t3, w3, tp, wp, total, lse2,
-                         cap2, slope, shift, k2, g_mult, g_max, V, GRAD)
+            _target_grads(Z, G, GT, rows, live, n, stride_z, t0, w0, t1, w1, t2, w2, t3, w3, tp, wp, total, lse2,
+                          cap2, slope, shift, k2, g_mult, g_max, V, 1)
 
     @triton.jit
     def _e5m2_pair_kernel(Z, STATS, G, GT, n, stride_z, cap, shift, inv_div, g_mult, g_max,
@@ -297,17 +312,8 @@ def _build(interpreted: bool):
         t0, w0, t1, w1, t2, w2, t3, w3, tp, wp = _terms(TN, PRE, W, PI, rows, live, n, K, HAS_PREFIX)
         total = w0 + w1 + w2 + w3 + wp
         lse2 = _base2(tl.load(STATS + rows, mask=live, other=0.0))
-        slope = cap * inv_div
-        _target_grad(Z, G, GT, rows, live, n, stride_z, t0, t0, w0, t1, w1, t2, w2, t3, w3, tp, wp, total, lse2,
-                     cap2, slope, shift, k2, g_mult, g_max, V, 2)
-        _target_grad(Z, G, GT, rows, live, n, stride_z, t1, t0, w0, t1, w1, t2, w2, t3, w3, tp, wp, total, lse2,
-                     cap2, slope, shift, k2, g_mult, g_max, V, 2)
-        _target_grad(Z, G, GT, rows, live, n, stride_z, t2, t0, w0, t1, w1, t2, w2, t3, w3, tp, wp, total, lse2,
-                     cap2, slope, shift, k2, g_mult, g_max, V, 2)
-        _target_grad(Z, G, GT, rows, live, n, stride_z, t3, t0, w0, t1, w1, t2, w2, t3, w3, tp, wp, total, lse2,
-                     cap2, slope, shift, k2, g_mult, g_max, V, 2)
-        _target_grad(Z, G, GT, rows, live, n, stride_z, tp, t0, w0, t1, w1, t2, w2, t3, w3, tp, wp, total, lse2,
-                     cap2, slope, shift, k2, g_mult, g_max, V, 2)
+        _target_grads(Z, G, GT, rows, live, n, stride_z, t0, w0, t1, w1, t2, w2, t3, w3, tp, wp, total, lse2,
+                      cap2, cap * inv_div, shift, k2, g_mult, g_max, V, 2)
 
     return _mtp_ce_kernel, _e5m2_pair_kernel, _target_kernel
 
@@ -331,15 +337,13 @@ def launch(z: Tensor, targets_next: Tensor, weights: Tensor, prefix_weight: Tens
     grad_t = torch.empty((V, n) if mode == 2 else (0,), dtype=dtype, device=z.device)
     if not n:
         return losses, grad, grad_t
-    split = mode == 2 and SPLIT_PAIR
-    stats = torch.empty(2 * n if split else 0, dtype=torch.float32, device=z.device)
+    stats = torch.empty(2 * n if mode == 2 else 0, dtype=torch.float32, device=z.device)
     scalars = (n, z.stride(0), cap, shift, 1.0 / divisor, e5m2_mult, E5M2_MAX)
     tables = (targets_next.contiguous(), prefix, weights.contiguous(), prefix_weight)
-    rows, cols, warps = TILES[0 if split else (mode if mode < 2 else "pair_sweeps")]
+    rows, cols, warps = TILES[0 if mode == 2 else mode]
     sweeps[(triton.cdiv(n, rows),)](z, *tables, losses, stats, grad, grad_t, *scalars, V=V, K=weights.numel(),
-                                    HAS_PREFIX=has_prefix, GRAD=3 if split else mode, BM=rows, BV=cols,
-                                    num_warps=warps)
-    if split:
+                                    HAS_PREFIX=has_prefix, GRAD=mode, BM=rows, BV=cols, num_warps=warps)
+    if mode == 2:  # the pair's tiles, then its target columns over them (the stream orders the launches)
         rows, cols, warps = TILES[2]
         pair[(triton.cdiv(n, rows), triton.cdiv(V, cols))](z, stats, grad, grad_t, *scalars, V=V, BM=rows, BV=cols,
                                                             num_warps=warps)
@@ -348,18 +352,18 @@ def launch(z: Tensor, targets_next: Tensor, weights: Tensor, prefix_weight: Tens
     return losses, grad, grad_t
 
 
-def compile_offline(grad: int):
+def compile_offline(grad: int, pair: bool = False):
     """Compile a kernel for sm_90 at the record's vocabulary without a GPU (Triton's bundled ptxas): the
-    sweeps with gradient form `grad` (0 none, 1 bf16, 3 the rows' statistics for the e5m2 pair), or the
-    e5m2 pair's tile kernel (2); the CompiledKernel."""
+    sweeps with gradient form `grad` (0 none, 1 bf16, 2 the e5m2 pair's row statistics), or with `pair`
+    the e5m2 pair's tile kernel; the CompiledKernel."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    sweeps, pair, _ = _build()
-    kernel = pair if grad == 2 else sweeps
-    rows, cols, warps = TILES[0 if grad == 3 else grad]
-    consts = dict(V=50304, BM=rows, BV=cols) if grad == 2 else dict(V=50304, K=3, HAS_PREFIX=True, GRAD=grad,
-                                                                     BM=rows, BV=cols)
+    sweeps, tiles, _ = _build()
+    kernel = tiles if pair else sweeps
+    rows, cols, warps = TILES[2 if pair else (0 if grad == 2 else grad)]
+    consts = dict(V=50304, BM=rows, BV=cols) if pair else dict(V=50304, K=3, HAS_PREFIX=True, GRAD=grad,
+                                                               BM=rows, BV=cols)
     types = {"Z": "*bf16", "TN": "*i64", "PRE": "*i64", "G": "*bf16" if grad == 1 else "*fp8e5",
              "GT": "*fp8e5", "n": "i32", "stride_z": "i32"}
     scalars = ("cap", "shift", "inv_div", "g_mult", "g_max")

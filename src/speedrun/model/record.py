@@ -28,10 +28,6 @@ generators, layer map, attention sublayer, paired heads, MLP, layer 10, output, 
   and `train.kernels=reference` keep. The model imports no kernel. FP8 is the record's training
   math at `mlp` and `logits`: with `fp8` set (`record_fp8.Fp8Training`, which the trainer makes), a
   training forward runs them as FP8 products; an eval forward (`model.eval()`) stays bf16.
-- The three tables the model only looks up (`LOOKUP_TABLES`) go through `_rows`: `table[index]`, or
-  where a trainer hands the forward its gradient sums, `kernels.lookup`, whose backward adds each
-  token's row into the sum and leaves the rest of the table alone (autograd's dense backward filled,
-  read and added the whole 290M-entry bigram table every micro-step).
 - `longest` (the stage's cut length, a Python int) rides along to the attention kernels, which size
   their grids by the longest document: given, no host read of the batch is needed and a compiled
   step keeps one graph per stage.
@@ -58,8 +54,6 @@ from speedrun.model.record_loss import record_eval_loss, record_training_loss
 # (kind, layer) -> (generator 0 = pre-gate or 1 = post-gate, lanes)
 Lanes = dict[tuple[str, int], tuple[int, slice]]
 EVAL_ROWS = 8192  # rows of hidden states whose logits `eval_loss` holds at once
-# the tables the model only looks up, row by row: a trainer may take their gradients into sums of its own
-LOOKUP_TABLES = ("embed", "bigram_embed", "value_embeds")
 HALF = (torch.bfloat16, torch.float16)  # what the GPU kernels take; float32 stays on the references
 
 
@@ -75,10 +69,7 @@ class RecordKernels:
     MLP where FP8 does not serve it, as `record_fp8.mlp_reference`; head_loss(h, lm_head,
     targets_next, mtp_weights, prefix_weight, prefix, fp8_cfg, fp8_product) -> the float32 sum, as
     `RecordGPT.head_loss` with the FP8 head; mlp_backward(g, a, w1, w2, post) -> (da, dW1, dW2), the
-    FP8 MLP's bf16 backward, as `record_fp8.mlp_backward_bf16`; lookup(index, table, total, scratch)
-    -> table[index], whose backward adds the table's gradient into `total` in place (the float32
-    `scratch` zero on entry and exit) and gives the table none, for a forward that is handed the
-    tables' sums (`RecordGPT.training_loss`'s `table_sums`). attend, dc, loss and head_loss serve
+    FP8 MLP's bf16 backward, as `record_fp8.mlp_backward_bf16`. attend, dc, loss and head_loss serve
     half-precision inputs only, mlp bfloat16 only."""
 
     name: str = "reference"
@@ -89,7 +80,6 @@ class RecordKernels:
     mlp: Callable | None = None
     head_loss: Callable | None = None
     mlp_backward: Callable | None = None
-    lookup: Callable | None = None
 
 
 @dataclass(frozen=True)
@@ -260,7 +250,6 @@ class _Pass:
     gates: list[Tensor] = field(default_factory=list)  # pre-gate, then post-gate outputs (n, lanes)
     after: dict[int, Tensor] = field(default_factory=dict)  # residual after layer i; −1: cache0
     ve: Tensor | None = None  # (tables, n, width): every value table's rows for the batch, one gather
-    sums: dict[str, tuple[Tensor, Tensor]] | None = None  # a looked-up table's (gradient sum, scratch)
 
 
 def _draw_uniform(shape: Sequence[int], bound: float, gen: torch.Generator) -> Tensor:
@@ -438,17 +427,13 @@ class RecordGPT(nn.Module):
 
     def forward(self, inputs: Tensor, cu_seqlens: Tensor, windows: tuple[int, int], attn_scale: float,
                 freqs: Tensor | None = None, *, rope: tuple[Tensor, Tensor] | None = None,
-                dtype: torch.dtype = torch.bfloat16, longest: int | None = None,
-                table_sums: dict[str, tuple[Tensor, Tensor]] | None = None) -> Tensor:
+                dtype: torch.dtype = torch.bfloat16, longest: int | None = None) -> Tensor:
         """Final normed hidden states (n, width) in `dtype` of one packed local batch: inputs int
         (n,), cu_seqlens int (documents, padded by repeating n), windows (short, long) in tokens,
         attn_scale the softmax scale (YaRN). RoPE from float32 `freqs` (the record's initial ones if
         None) or from ready (cos, sin) tables of at least 2n positions. `longest` bounds the
-        documents' length for the kernels (module docstring). `table_sums`: a (gradient sum, float32
-        scratch) pair for some of `LOOKUP_TABLES`, whose gradients `kernels.lookup` then adds into
-        their sums (a trainer's, `record_micro.TableSums`)."""
-        return self._output(self._run(inputs, cu_seqlens, windows, attn_scale, freqs, rope, dtype, longest,
-                                      table_sums))
+        documents' length for the kernels (module docstring)."""
+        return self._output(self._run(inputs, cu_seqlens, windows, attn_scale, freqs, rope, dtype, longest))
 
     def residuals(self, inputs: Tensor, cu_seqlens: Tensor, windows: tuple[int, int], attn_scale: float,
                   freqs: Tensor | None = None, *, rope: tuple[Tensor, Tensor] | None = None,
@@ -458,13 +443,13 @@ class RecordGPT(nn.Module):
 
     def _run(self, inputs: Tensor, cu_seqlens: Tensor, windows: tuple[int, int], attn_scale: float,
              freqs: Tensor | None, rope: tuple[Tensor, Tensor] | None, dtype: torch.dtype,
-             longest: int | None = None, table_sums: dict[str, tuple[Tensor, Tensor]] | None = None) -> _Pass:
+             longest: int | None = None) -> _Pass:
         tokens = inputs.reshape(-1).long()
         if rope is None:
             f = freqs if freqs is not None else record_parts.rope_freqs(self.cfg.rope_pairs, self.cfg.rope_base)
             rope = record_parts.rope_tables(f.to(tokens.device), 2 * tokens.numel())
         ctx = _Pass(tokens, cu_seqlens.reshape(-1), tuple(windows), float(attn_scale), rope[0], rope[1], dtype,
-                    longest, sums=table_sums)
+                    longest)
         x = self._input_stage(ctx)
         for i in range(self.cfg.num_layers):
             x = self._layer(i, x, ctx)
@@ -474,30 +459,22 @@ class RecordGPT(nn.Module):
         """Embed, smear, x0 = norm, pre-gate from x0, then x = x0 + pre19·b (layer 0's bigram gate),
         which is cache0."""
         c, t = self.cfg, ctx.tokens
-        e = self._rows("embed", t, ctx).to(ctx.dtype)
+        e = self.embed[t].to(ctx.dtype)
         if c.smear:
             e = record_parts.smear(e, self.smear_gate, self.scalars[2 * c.num_layers], c.smear_inputs)
         ctx.x0 = record_parts.norm(e, c.norm_eps)
-        ctx.bigram = self._bigram(ctx) if c.bigram else torch.zeros_like(ctx.x0)
+        ctx.bigram = self._bigram(t, ctx.dtype) if c.bigram else torch.zeros_like(ctx.x0)
         ctx.gates.append(self.gate(0, ctx.x0))
         x = ctx.x0 + self._coef(ctx, "bigram", 0) * ctx.bigram
         ctx.after[-1] = x
         return x
 
-    def _bigram(self, ctx: _Pass) -> Tensor:
+    def _bigram(self, tokens: Tensor, dtype: torch.dtype) -> Tensor:
         """b (n, width): the hashed bigram rows times their ±1 signs."""
         c = self.cfg
-        h = record_parts.bigram_hash(ctx.tokens, c.bigram_rows)
-        s = record_parts.bigram_sign_index(ctx.tokens, c.sign_rows)
-        return record_parts.bigram_vector(self._rows("bigram_embed", h.long(), ctx), self.bigram_signs, s).to(ctx.dtype)
-
-    def _rows(self, name: str, index: Tensor, ctx: _Pass) -> Tensor:
-        """table[index] for one of `LOOKUP_TABLES`; where the pass carries the table's sums, by
-        `kernels.lookup` (its gradient added into them row by row, none to the table's .grad)."""
-        table = getattr(self, name)
-        if ctx.sums and name in ctx.sums and self.kernels.lookup is not None:
-            return self.kernels.lookup(index, table, *ctx.sums[name])
-        return table[index]
+        h = record_parts.bigram_hash(tokens, c.bigram_rows)
+        s = record_parts.bigram_sign_index(tokens, c.sign_rows)
+        return record_parts.bigram_vector(self.bigram_embed, self.bigram_signs, h, s).to(dtype)
 
     def _layer(self, i: int, x: Tensor, ctx: _Pass) -> Tensor:
         c = self.cfg
@@ -557,7 +534,7 @@ class RecordGPT(nn.Module):
         if ctx.ve is None:
             tables = self.value_embeds.shape[0] // self.cfg.vocab
             offsets = torch.arange(tables, device=ctx.tokens.device)[:, None] * self.cfg.vocab
-            ctx.ve = self._rows("value_embeds", offsets + ctx.tokens[None], ctx)
+            ctx.ve = self.value_embeds[offsets + ctx.tokens[None]]
         return ctx.ve[k].to(ctx.dtype)
 
     def _value_aux(self, i: int, a: Tensor, ctx: _Pass) -> Tensor | None:
@@ -691,12 +668,10 @@ class RecordGPT(nn.Module):
     def training_loss(self, inputs: Tensor, targets: Tensor, cu_seqlens: Tensor, windows: tuple[int, int],
                       attn_scale: float, mtp_weights: Sequence[float], prefix_weight: float, prefix: Tensor,
                       freqs: Tensor | None = None, *, rope: tuple[Tensor, Tensor] | None = None,
-                      dtype: torch.dtype = torch.bfloat16, longest: int | None = None,
-                      table_sums: dict[str, tuple[Tensor, Tensor]] | None = None) -> Tensor:
+                      dtype: torch.dtype = torch.bfloat16, longest: int | None = None) -> Tensor:
         """The summed MTP + prefix loss of the batch (`record_loss.record_training_loss`); targets
-        (n,) are x[t+1]. table_sums: as `forward`."""
-        h = self(inputs, cu_seqlens, windows, attn_scale, freqs, rope=rope, dtype=dtype, longest=longest,
-                 table_sums=table_sums)
+        (n,) are x[t+1]."""
+        h = self(inputs, cu_seqlens, windows, attn_scale, freqs, rope=rope, dtype=dtype, longest=longest)
         return self.head_loss(h, targets.long(), mtp_weights, prefix_weight, prefix)
 
     def head_loss(self, h: Tensor, targets_next: Tensor, mtp_weights: Sequence[float], prefix_weight: float,

@@ -85,10 +85,9 @@ def sign_table(generator: torch.Generator, rows: int = 8192, dim: int = 768) -> 
     return torch.where(draws < 0, -1.0, 1.0).to(torch.bfloat16)
 
 
-def bigram_vector(rows: Tensor, signs: Tensor, s: Tensor) -> Tensor:
-    """b[t] = rows[t] ⊙ signs[s[t]] (n, dim) in rows' dtype, rows[t] = table[h[t]] the hashed rows;
-    exact, the signs being ±1."""
-    return rows * signs[s.long()].to(rows.dtype)
+def bigram_vector(table: Tensor, signs: Tensor, h: Tensor, s: Tensor) -> Tensor:
+    """b[t] = table[h[t]] ⊙ signs[s[t]] (n, dim) in table's dtype; exact, the signs being ±1."""
+    return table[h.long()] * signs[s.long()].to(table.dtype)
 
 
 # ---------------------------------------------------------------- input stage

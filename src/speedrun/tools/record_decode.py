@@ -182,7 +182,7 @@ class RecordDecoder:
         h = record_parts.bigram_hash(ctx, c.bigram_rows)[-n:]
         s = record_parts.bigram_sign_index(ctx, c.sign_rows)[-n:]
         m = self.model
-        return record_parts.bigram_vector(m.bigram_embed[h.long()], m.bigram_signs, s).to(self.dtype)
+        return record_parts.bigram_vector(m.bigram_embed, m.bigram_signs, h, s).to(self.dtype)
 
     def _smeared(self, e: Tensor) -> Tensor:
         """Smear over the previous token's un-smeared embedding and the chunk's; the chunk's rows."""

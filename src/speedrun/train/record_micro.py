@@ -10,9 +10,7 @@ call the functions here rather than each writing its own.
   head's gradient scale 1/micro-steps) and the kernels the device's one choice gives it.
 - `MicroLoss`: the training loss of one micro-batch at a step's plan, compiled with static shapes
   where the run compiles: the loss weights reach it as tensors (they move every step), the windows,
-  YaRN scale and cut length as constants of the stage. One graph per stage. Its backward adds the
-  looked-up tables' gradients into their `.grad` row by row where the device's kernels can
-  (`TableSums`).
+  YaRN scale and cut length as constants of the stage. One graph per stage.
 """
 
 from __future__ import annotations
@@ -25,7 +23,7 @@ from speedrun.data.transfer import host_to_device
 from speedrun.data.tokenizer import get_encoding
 from speedrun.kernels import record_attention
 from speedrun.model import record_parts
-from speedrun.model.record import LOOKUP_TABLES, RecordGPT
+from speedrun.model.record import RecordGPT
 from speedrun.model.record_fp8 import Fp8Training
 from speedrun.model.record_loss import prefix_table
 from speedrun.train import stages
@@ -67,33 +65,6 @@ def refresh_fp8(model: RecordGPT, cfg: RecordRunConfig, after_step: int) -> None
         model.fp8.refresh(model.mlp_bank, cfg.fp8_scales.bootstrap_refreshes > after_step)
 
 
-class TableSums:
-    """Where the looked-up tables' micro-step gradients go on a device with `kernels.lookup`: into the
-    tables' `.grad` in place, row by row (`embed_rows`), rather than as a dense gradient that autograd
-    adds into `.grad`. The dense path filled, read and added whole tables every micro-step: 21 ms a step
-    on an H100, whatever the stage's tokens (the bigram table alone is 290M entries).
-
-    `pairs()`, before each micro-step: for each table of `RecordGPT.LOOKUP_TABLES`, its `.grad` if it
-    has one (the micro-steps before, or Adam's pending sum put back at an odd step), else a kept
-    buffer, zeroed and made its `.grad`; with a float32 scratch table of its shape, kept for the run
-    and zero between micro-steps. AccumulateGrad's values: the first micro-step adds to zeros, every
-    add is `grad_accum.add_gradient`'s. Whatever clears the gradients (the optimisers, a recovery)
-    clears these too."""
-
-    def __init__(self, model: RecordGPT):
-        self.tables = {name: getattr(model, name) for name in LOOKUP_TABLES}
-        self.buffers = {name: torch.zeros_like(p) for name, p in self.tables.items()}
-        self.scratch = {name: torch.zeros_like(p, dtype=torch.float32) for name, p in self.tables.items()}
-
-    def pairs(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        out = {}
-        for name, p in self.tables.items():
-            if p.grad is None:
-                p.grad = self.buffers[name].zero_()
-            out[name] = (p.grad, self.scratch[name])
-        return out
-
-
 class MicroLoss:
     """The summed training loss of one micro-batch at a step's plan (module docstring); also the
     stage's YaRN state and RoPE tables, which validation reads too."""
@@ -103,7 +74,6 @@ class MicroLoss:
         self.cfg, self.device, self.dtype = cfg, device, dtype
         self.fn = torch.compile(model.training_loss, dynamic=False, options=COMPILE_OPTIONS) if compiled \
             else model.training_loss
-        self.sums = TableSums(model) if model.kernels.lookup is not None else None
         self.prefix = prefix_table(get_encoding(), cfg.model.vocab).to(device)
         m = cfg.model
         self.yarn = {k: stages.yarn_state(cfg.stages, k, device=device, pairs=m.rope_pairs, base=m.rope_base)
@@ -131,7 +101,6 @@ class MicroLoss:
 
     def __call__(self, batch: documents.DocBatch, plan: stages.StepPlan) -> torch.Tensor:
         mtp, pi = self.weights(plan)
-        sums = self.sums.pairs() if self.sums is not None and torch.is_grad_enabled() else None
         return self.fn(batch.inputs, batch.targets, batch.cu_seqlens, (plan.short_window, plan.long_window),
                        self.yarn[plan.stage][1], mtp, pi, self.prefix, rope=self.rope(plan.stage, batch.inputs.numel()),
-                       dtype=self.dtype, longest=plan.max_doc_len, table_sums=sums)
+                       dtype=self.dtype, longest=plan.max_doc_len)
