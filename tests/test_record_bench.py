@@ -54,7 +54,8 @@ def test_corpus_lengths_are_the_bos_gaps(tmp_path):
 
 def test_a_whole_bench_of_the_demo(capsys):
     # the demo's stages at half their tokens (the mechanics at a third less of the suite's slowest test)
-    overrides = ["stages.val_every=0", "stages.tokens_per_step=1024,1024,1536,1536", "stages.max_doc_len=256,256,384,384"]
+    overrides = ["stages.val_every=0", "stages.tokens_per_step=1024,1024,1536,1536",
+                 "stages.max_doc_len=256,256,384,384"]
     args = argparse.Namespace(preset="demo", overrides=overrides, data="random", pairs=1, stages=None, profile=None)
     result = record_steps.run(args, 0.0)
     timed = [s["stage"] for s in result["stages"]]
