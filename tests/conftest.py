@@ -1,5 +1,24 @@
+"""Shared test set-up.
+
+Under pytest-xdist each worker takes its share of the cores for torch's intra-op threads (and for the
+subprocesses it starts, through OMP_NUM_THREADS): two workers on two cores with two OpenMP threads each
+spin on oversubscribed cores, and a CPU training step then runs about three times slower (the demo's
+whole bench, two copies side by side on 2 cores: 193 s each, 61 s with one thread each). A test that
+needs a given thread count sets it itself.
+"""
+
+import os
+
 import pytest
 import torch
+
+
+def pytest_configure(config):
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1 and "PYTEST_XDIST_WORKER" in os.environ:
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        torch.set_num_threads(threads)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
 
 
 def pytest_collection_modifyitems(config, items):

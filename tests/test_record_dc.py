@@ -41,10 +41,11 @@ _INTERPRETED = textwrap.dedent(r'''
         want = run(dc_correction, torch.float32)
         rel = [((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30)).item()
                for a, b in zip(got, want)]
-        again = run(record_dc.dc_correction, torch.bfloat16)
-        out = dict(n=n, keys=keys, rel=rel, dtypes=[str(t.dtype) for t in got],
-                   same=all(torch.equal(a, b) for a, b in zip(got, again)))
-        if seed == 0:  # the ops inside a whole compiled graph, as the training step holds them
+        out = dict(n=n, keys=keys, rel=rel, dtypes=[str(t.dtype) for t in got])
+        if seed == 0:  # no atomics: the same bits twice; and the ops inside a whole compiled graph, as the
+            # training step holds them
+            again = run(record_dc.dc_correction, torch.bfloat16)
+            out["same"] = all(torch.equal(a, b) for a, b in zip(got, again))
             compiled = run(torch.compile(record_dc.dc_correction, fullgraph=True), torch.bfloat16)
             out["compiled"] = max(((a.double() - b.double()).abs().max() / b.double().abs().max()).item()
                                   for a, b in zip(compiled, got))
@@ -68,10 +69,10 @@ def test_interpreted_term_and_gradients_are_the_references(interpreted):
         # term, dq, dk, dv, dw1, dw2: bf16 inputs and gradients, tf32 products, against float32
         assert c["dtypes"] == ["torch.float32"] + ["torch.bfloat16"] * 3 + ["torch.float32"] * 2, c
         assert max(c["rel"]) < 2e-2, c
-        assert c["same"], c  # no atomics: the same bits twice
     # compiled: the same kernels; Inductor's float32 norm of w1 may round differently, which can move a
     # bfloat16 gradient by a step (measured 1.0e-5 of the largest)
     assert interpreted[0]["compiled"] < 5e-3, interpreted[0]
+    assert interpreted[0]["same"], interpreted[0]  # no atomics: the same bits twice
 
 
 def test_windows_past_the_band_are_refused():
