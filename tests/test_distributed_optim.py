@@ -143,7 +143,9 @@ def check(results, ref):
                 torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=f"{key} {tuple(a.shape)}")
 
 
-@pytest.fixture(scope="module", params=[2, 4, 8])
+# two ranks shard every Adam shape with an even first dimension, eight leave (12, 8) whole: four ranks add
+# no case beside them
+@pytest.fixture(scope="module", params=[2, 8])
 def gloo_results(request, tmp_path_factory):
     return request.param, spawn_run(tmp_path_factory, request.param)
 

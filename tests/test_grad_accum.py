@@ -104,13 +104,15 @@ def test_inplace_sums_equal_autograd_bit_for_bit(compiled):
     model = Sliced()
     batches = _batches((0, 1, 0, 0))
     want = _accumulate(reference(model, compiled), model, batches)
-    got = accumulate_inplace(compile_step_model(model, compiled), model, batches)
+    # compiled, the step with the casts alone, which adds in place too (each compiled step model is two
+    # graphs' forward and backward through the CPU's C++ compiler: about 40 s of the suite)
+    got = None if compiled else accumulate_inplace(compile_step_model(model, compiled), model, batches)
     casts = grad_accum.StepCasts(model, ["pair", "up", "down"], torch.bfloat16)
     cast = accumulate_inplace(compile_step_model(model, compiled), model, batches, casts)
-    assert want.keys() == got.keys() == cast.keys()
+    assert want.keys() == cast.keys()
     for name in want:
-        assert got[name].dtype == want[name].dtype and torch.equal(got[name], want[name]), name
-        assert torch.equal(cast[name], want[name]), name
+        assert cast[name].dtype == want[name].dtype and torch.equal(cast[name], want[name]), name
+        assert got is None or torch.equal(got[name], want[name]), name
     assert want["embed.weight"].dtype == torch.bfloat16 and want["sometimes"].abs().sum() > 0
 
 
