@@ -5,6 +5,9 @@ hit is what only a GPU run shows)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -50,12 +53,50 @@ def test_no_child_on_the_cpu_or_when_switched_off(tmp_path):
     assert record_precompile.start(cfg, DistInfo(0, 1, 0, torch.device("cuda")), tmp_path) == []
 
 
-def test_a_child_runs_each_stage_s_micro_step(capsys):
+def test_a_child_runs_each_stage_s_micro_step(capsys, tmp_path):
     cfg = get_preset("demo")
     steps = [s for s in stages.stage_ends(cfg.stages)[1:3]]
-    record_precompile.run_child(cfg, torch.device("cpu"), 1, steps, compiled=False)
+    record_precompile.run_child(cfg, torch.device("cpu"), 1, steps, compiled=False, done_dir=tmp_path)
     out = capsys.readouterr().out
     assert [f"stage {k} (step {s})" in out for k, s in zip((1, 2), steps)] == [True, True]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"step{s}.done" for s in steps)
+
+
+def _fake_child(done_dir, steps, code: str) -> subprocess.Popen:
+    """A stand-in child running `code` (Python, with `mark(step)` to mark a step done), tracked as
+    `start` tracks a real one."""
+    script = f"from pathlib import Path\nmark = lambda s: Path({str(done_dir)!r}, f'step{{s}}.done').touch()\n{code}"
+    proc = subprocess.Popen([sys.executable, "-c", script])
+    record_precompile._track(proc, steps, str(done_dir), "precompile-test.log")
+    return proc
+
+
+def test_the_trainer_goes_on_once_its_stage_is_marked_not_when_the_child_ends(tmp_path):
+    """Two children: a stage is ready at its mark while its child still runs (the next stage compiles
+    beside the trainer's steps); a child that ends without the mark is reported; `finish` stops what
+    still runs at the limit and removes the folder."""
+    (tmp_path / "config.json").write_text("{}")
+    first = _fake_child(tmp_path, [5], "mark(5)\nimport time; time.sleep(60)")
+    second = _fake_child(tmp_path, [9, 12], "import sys; sys.exit(3)")
+    procs = [first, second]
+    t0 = time.time()
+    note = record_precompile.ready(procs, 5, poll_s=0.05)
+    assert "step 5's stage ready" in note and first.poll() is None and time.time() - t0 < 30
+    assert record_precompile.ready(procs, 5) is None  # one note a stage
+    assert record_precompile.ready(procs, 7) is None  # no child compiles it: the trainer does
+    assert "failed (exit 3" in record_precompile.ready(procs, 9, poll_s=0.05)
+    assert "stopped" in record_precompile.finish(procs, limit_s=0.5)
+    assert first.poll() is not None and not tmp_path.exists()
+
+
+def test_with_one_child_the_trainer_waits_for_its_end(tmp_path):
+    """One child (a card under 64 GiB): its later stages do not fit beside the trainer's, so the first
+    later stage waits for the child to end, whatever it marked."""
+    (tmp_path / "config.json").write_text("{}")
+    child = _fake_child(tmp_path, [5, 9], "mark(5)\nimport time; time.sleep(1)")
+    note = record_precompile.ready([child], 5, poll_s=0.05)
+    assert note.startswith("1 child(ren): done after") and child.poll() == 0
+    assert record_precompile.ready([child], 9) is None and not tmp_path.exists()
 
 
 def _tiny_bf16(data) -> RecordRunConfig:

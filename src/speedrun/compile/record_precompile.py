@@ -7,9 +7,14 @@ launches one child per later stage (`python -m speedrun.compile.record_precompil
 begins to build its model. A child builds the same model with the same seams (`record_micro`),
 runs one micro-step of its stage's first step on random tokens at the run's shapes and exits; that
 fills torch's local compiler caches (Inductor's graph cache and AOTAutograd's, Triton's kernels),
-which the trainer shares through the environment. Before the warm-up's first step of a later
-stage the trainer waits for the children (`wait`), and its own compiles of those graphs are then
-cache hits. The cold start becomes about one stage's compile instead of four.
+which the trainer shares through the environment. A child marks each stage done (an empty file
+per step in a folder of its own) as it finishes it. Before the warm-up's first step of a later stage
+the trainer waits for that stage (`ready`): with two children or more, until the child compiling it
+has marked it, so that the trainer loads stage 1's graphs while another child still compiles stages
+2 and 3 (the trainer's later stage and a child's fit one card of 64 GiB or more beside each other);
+with one child, until the child ends. Its own compiles of those graphs are then cache hits, and
+`finish` reaps the children at the end of the warm-up. The cold start becomes about one stage's
+compile instead of four.
 
 A child computes nothing the run uses. One that fails or is slow costs time, never results: the
 trainer then compiles that stage itself. Each child holds a model and one micro-step's activations on
@@ -29,6 +34,7 @@ import argparse
 import atexit
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -63,48 +69,88 @@ def start(cfg, info, log_dir: Path | None) -> list[subprocess.Popen]:
     if not cfg.train.precompile or info.device.type != "cuda":
         return []
     children = children_for(torch.cuda.get_device_properties(info.device).total_memory / 2**30)
-    fd, cfg_path = tempfile.mkstemp(prefix="speedrun-record-precompile-", suffix=".json")
-    with os.fdopen(fd, "w") as f:
+    done_dir = tempfile.mkdtemp(prefix="speedrun-record-precompile-")
+    cfg_path = os.path.join(done_dir, "config.json")
+    with open(cfg_path, "w") as f:
         json.dump(cfg.to_dict(), f)
     procs, groups = [], child_steps(cfg, children)
     for steps in groups:
         name = _log_name(cfg, steps)
         log = open(log_dir / name, "w") if log_dir is not None and info.is_main else subprocess.DEVNULL
         cmd = [sys.executable, "-m", "speedrun.compile.record_precompile", "--config", cfg_path, "--device",
-               str(info.device), "--world-size", str(info.world_size), "--steps", *map(str, steps)]
+               str(info.device), "--world-size", str(info.world_size), "--done-dir", done_dir,
+               "--steps", *map(str, steps)]
         try:
             procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
         finally:
             if log is not subprocess.DEVNULL:
                 log.close()
     for p, steps in zip(procs, groups):
-        p.t0, p.cfg_path, p.log_name = time.time(), cfg_path, _log_name(cfg, steps)
+        _track(p, steps, done_dir, _log_name(cfg, steps))
     atexit.register(stop, procs)  # a trainer that fails before waiting leaves no child behind
     return procs
+
+
+def _track(proc: subprocess.Popen, steps: list[int], done_dir: str, log_name: str) -> None:
+    """What `ready`, `finish` and `stop` need of a child: its start, steps, marks' folder and log."""
+    proc.t0, proc.steps, proc.done_dir, proc.log_name = time.time(), list(steps), done_dir, log_name
+    proc.cfg_path = os.path.join(done_dir, "config.json")
+    proc.waited = set()
 
 
 def _log_name(cfg, steps: list[int]) -> str:
     return f"precompile-stage{stages.stage_index(cfg.stages, steps[0])}.log"
 
 
-def wait(procs: list[subprocess.Popen], limit_s: float = precompile.WAIT_LIMIT_S) -> str:
-    """Wait for every child (`precompile.wait`, at most limit_s from its start); how they ended."""
+def done_mark(done_dir: str | Path, step: int) -> Path:
+    """The empty file a child writes once `step`'s graph is in the caches."""
+    return Path(done_dir) / f"step{step}.done"
+
+
+def ready(procs: list[subprocess.Popen], first_step: int, limit_s: float = precompile.WAIT_LIMIT_S,
+          poll_s: float = 0.2) -> str | None:
+    """Block until the stage that starts at `first_step` is compiled (module docstring): with two
+    children or more, until its child marks it, ends or passes limit_s from its start (then it is
+    stopped); with one, until the child ends. A note on the first wait for a stage, else None."""
+    if len(procs) == 1:
+        if procs[0].waited:
+            return None
+        procs[0].waited.update(procs[0].steps)
+        return finish(procs, limit_s)
+    proc = next((p for p in procs if first_step in p.steps), None)
+    if proc is None or first_step in proc.waited:
+        return None
+    proc.waited.add(first_step)
+    mark = done_mark(proc.done_dir, first_step)
+    while not mark.exists() and proc.poll() is None and time.time() - proc.t0 < limit_s:
+        time.sleep(poll_s)
+    if mark.exists():
+        return f"step {first_step}'s stage ready after {time.time() - proc.t0:.1f} s"
+    return f"step {first_step}'s child " + precompile.wait(proc, limit_s, proc.log_name)
+
+
+def finish(procs: list[subprocess.Popen], limit_s: float = precompile.WAIT_LIMIT_S) -> str:
+    """Wait for every child (`precompile.wait`, at most limit_s from its start) and remove their
+    folder; how they ended."""
     notes = [precompile.wait(p, limit_s, p.log_name) for p in procs]
+    stop(procs)
     return f"{len(procs)} child(ren): " + "; ".join(notes)
 
 
 def stop(procs: list[subprocess.Popen]) -> None:
-    """End the children that still run and remove their config file (`precompile.stop`)."""
+    """End the children that still run and remove their folder (`precompile.stop`)."""
     for p in procs:
         precompile.stop(p)
+        shutil.rmtree(p.done_dir, ignore_errors=True)
 
 
 # ---------------------------------------------------------------- the child
 
 
-def run_child(cfg, device: torch.device, world_size: int, steps: list[int], compiled: bool = True) -> None:
-    """One micro-step forward and backward at each step's shapes, as the trainer's step runs it
-    (`compiled` off only in the CPU test of the mechanics)."""
+def run_child(cfg, device: torch.device, world_size: int, steps: list[int], compiled: bool = True,
+              done_dir: Path | None = None) -> None:
+    """One micro-step forward and backward at each step's shapes, as the trainer's step runs it, each
+    marked done in `done_dir` once finished (`compiled` off only in the CPU test of the mechanics)."""
     from speedrun.data.synthetic import random_documents
     from speedrun.data import documents
     from speedrun.data.shards import write_shard
@@ -136,6 +182,8 @@ def run_child(cfg, device: torch.device, world_size: int, steps: list[int], comp
                 torch.cuda.synchronize(device)
                 peak = f", peak {torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB"
             print(f"precompile: stage {plan.stage} (step {step}) in {time.time() - t0:.1f} s{peak}", flush=True)
+            if done_dir is not None:
+                done_mark(done_dir, step).touch()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -147,9 +195,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", required=True)
     p.add_argument("--world-size", type=int, default=1)
     p.add_argument("--steps", type=int, nargs="+", required=True, help="the steps whose graphs to compile")
+    p.add_argument("--done-dir", type=Path, help="where to mark each step done (the trainer waits on it)")
     args = p.parse_args(argv)
     cfg = from_dict(json.loads(Path(args.config).read_text()))
-    run_child(cfg, torch.device(args.device), args.world_size, args.steps)
+    run_child(cfg, torch.device(args.device), args.world_size, args.steps, done_dir=args.done_dir)
     return 0
 
 

@@ -230,20 +230,23 @@ class RecordTrainer(Trainer):
     def warm_up(self) -> None:
         """The spec's untimed warm-up: at each step of the warm-up set one training step, then
         parameters, optimisers (NorMuon's buffers zeroed, the tie restored), FP8 and the loader back
-        to their start. The later stages' graphs are the precompile children's: before the first of
-        those steps the trainer waits for them, and then finds the graphs in torch's caches."""
+        to their start. The later stages' graphs are the precompile children's: before a later stage's
+        first step the trainer waits until that stage is compiled (`record_precompile.ready`), then finds
+        its graphs in torch's caches; the children are reaped once the warm-up's steps are done."""
         if not self.warmup_count:
             return
         model_state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         loader_state = self.loader.state_dict()
         for i, step in enumerate(stages.warmup_steps(self.cfg.stages)):
-            if self.precompilers and stages.stage_index(self.cfg.stages, step) > 0:
-                note = record_precompile.wait(self.precompilers)
-                self.precompilers = []
-                if self.info.is_main:
-                    print(f"speedrun: precompile: {note}", flush=True)
+            stage = stages.stage_index(self.cfg.stages, step)
+            if self.precompilers and stage > 0:
+                self._precompile_note(record_precompile.ready(self.precompilers,
+                                                              stages.stage_ends(self.cfg.stages)[stage]))
             self.train_step(step)
             self.startup.mark("first_step" if i == 0 else "warmup_steps")
+        if self.precompilers:
+            self._precompile_note(record_precompile.finish(self.precompilers))
+            self.precompilers = []
         self.model.load_state_dict(model_state)
         self.model.tied = True
         self.optimizers = self._optimizers()
@@ -252,6 +255,10 @@ class RecordTrainer(Trainer):
         self._refresh_fp8(after_step=-1)
         self.loader.load_state_dict(loader_state)
         self.startup.mark("restore")
+
+    def _precompile_note(self, note: str | None) -> None:
+        if note and self.info.is_main:
+            print(f"speedrun: precompile: {note}", flush=True)
 
     # -------------------------------------------------------------- checkpoints and the end
 
