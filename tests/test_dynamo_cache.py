@@ -104,7 +104,7 @@ def test_no_packages_no_save():
     assert dynamo_cache.save(None) is False
 
 
-TINY = ["--preset", "demo_2025_08", "--no-progress", "--set", "model.num_layers=2", "--set", "model.value_embeds=1",
+TINY = ["--preset", "demo_2025_08", "--no-progress", "--set", "model.num_layers=1", "--set", "model.value_embeds=0",
         "--set", "model.model_dim=32", "--set", "model.num_heads=2", "--set", "model.head_dim=16",
         "--set", "model.mlp_hidden=64", "--set", "model.long_layers=0", "--set", "train.compile=on",
         "--set", "train.warmup_steps=2", "--set", "train.steps=3", "--set", "train.val_every=3",

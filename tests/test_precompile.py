@@ -79,7 +79,7 @@ _TRAINER = textwrap.dedent(r'''
 
 def test_child_compiles_the_evaluation_graph_the_trainer_then_hits(tmp_path):
     cfg = apply_overrides(demo(), [
-        "model.num_layers=2", "model.value_embeds=1", "model.model_dim=32", "model.num_heads=2", "model.head_dim=16",
+        "model.num_layers=1", "model.value_embeds=0", "model.model_dim=32", "model.num_heads=2", "model.head_dim=16",
         "model.mlp_hidden=64", "model.long_layers=0", "train.compile=on", "train.warmup_steps=1",
         "train.seq_len=256", "train.batch_seqs=1", "train.val_seq_len=512", "train.val_tokens=512",
         "train.precompile=false"])

@@ -11,7 +11,8 @@ import torch
 import pytest
 
 from speedrun.bench import record_steps
-from speedrun.data.shards import write_shard
+from speedrun.data.shards import read_shard, write_shard
+from speedrun.config import apply_overrides
 from speedrun.recipes.registry import get_preset
 from speedrun.train import stages
 
@@ -53,9 +54,10 @@ def test_corpus_lengths_are_the_bos_gaps(tmp_path):
 
 
 def test_a_whole_bench_of_the_demo(capsys):
-    # the demo's stages at half their tokens (the mechanics at a third less of the suite's slowest test)
+    # the demo's stages at half their tokens and a vocabulary of 512: the mechanics, not the rates (the
+    # tables' optimiser steps over the demo's 50,304 rows made a CPU step 3 s)
     overrides = ["stages.val_every=0", "stages.tokens_per_step=1024,1024,1536,1536",
-                 "stages.max_doc_len=256,256,384,384"]
+                 "stages.max_doc_len=256,256,384,384", "model.vocab=512", "model.sign_rows=64", "docs.bos=511"]
     args = argparse.Namespace(preset="demo", overrides=overrides, data="random", pairs=1, stages=None, profile=None)
     result = record_steps.run(args, 0.0)
     timed = [s["stage"] for s in result["stages"]]
@@ -67,6 +69,13 @@ def test_a_whole_bench_of_the_demo(capsys):
     want = sum((b - a) * r for a, b, r in zip(bounds, bounds[1:], rates)) / 1000
     assert result["schedule_s"] == pytest.approx(want)
     assert "the 100-step schedule at these rates" in record_steps.format_report(result)
+
+
+def test_the_random_shard_is_in_the_config_s_vocabulary(tmp_path):
+    cfg = apply_overrides(get_preset("demo"), ["model.vocab=512", "docs.bos=511"])
+    record_steps.write_data(tmp_path, cfg, 1, None)
+    tokens = read_shard(tmp_path / "bench_train_000000.bin")
+    assert tokens.max() == 511 and (tokens == 511).sum() > 1 and tokens[0] == 511
 
 
 def test_the_profile_runs_the_first_pair_of_each_measured_stage(tmp_path):

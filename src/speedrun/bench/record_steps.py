@@ -49,9 +49,11 @@ def corpus_doc_lengths(folder: str, pattern: str) -> np.ndarray:
 
 def write_data(folder: Path, cfg: RecordRunConfig, pairs: int, lengths: np.ndarray | None) -> None:
     """One training shard for every stage's measured steps (the loader wraps past it: random tokens
-    need not be fresh to time a step) and nothing to validate on."""
+    need not be fresh to time a step) and nothing to validate on; the config's document start token
+    and vocabulary."""
     per_step = max(cfg.stages.tokens_per_step)
-    write_shard(folder / "bench_train_000000.bin", random_documents(per_step * (2 * pairs + 4), lengths, cfg.train.seed))
+    tokens = random_documents(per_step * (2 * pairs + 4), lengths, cfg.train.seed, cfg.docs.bos, cfg.model.vocab)
+    write_shard(folder / "bench_train_000000.bin", tokens)
 
 
 def stage_steps(cfg: RecordRunConfig, pairs: int) -> list[tuple[int, list[int]]]:
