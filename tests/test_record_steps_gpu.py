@@ -41,3 +41,31 @@ def test_the_first_three_steps_and_the_weights_stay_finite(tmp_path, fp8_mlp):
     assert all(math.isfinite(x) for x in losses), losses
     bad = [n for n, p in trainer.model.named_parameters() if not torch.isfinite(p.detach()).all()]
     assert not bad, bad
+
+
+def test_joined_piece_sets_give_the_first_steps_loss(tmp_path):
+    """`train.merge_tokens=32768`: the first stage's sets two to a micro-step (batches of 32,768 tokens
+    with empty documents between the sets) give the first step's loss of the sets one by one, and
+    finite next steps."""
+    from speedrun.bench import record_steps
+    from speedrun.config import apply_overrides, validate
+    from speedrun.recipes.registry import get_preset
+    from speedrun.train.dist import init_distributed
+    from speedrun.train.record_loop import RecordTrainer
+
+    info = init_distributed()
+    losses = {}
+    for merge in (0, 32768):
+        folder = tmp_path / str(merge)
+        (folder / "data").mkdir(parents=True)
+        base = apply_overrides(get_preset("record"), ["train.compile=off", "train.precompile=false",
+                                                      f"train.merge_tokens={merge}"])
+        cfg = record_steps._config(base, folder / "data")
+        validate(cfg, info.world_size)
+        record_steps.write_data(folder / "data", cfg, 3, None)
+        trainer = RecordTrainer(cfg, info, folder / "run", progress=False, t_start=time.time())
+        losses[merge] = [float(trainer.train_step(step)) for step in range(3)]
+        del trainer
+        torch.cuda.empty_cache()
+    assert all(math.isfinite(x) for x in losses[32768]), losses
+    assert losses[32768][0] == pytest.approx(losses[0][0], rel=2e-3), losses

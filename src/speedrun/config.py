@@ -181,6 +181,11 @@ class RecordTrainConfig(KeepingConfig):
     # (compile/record_precompile.py); only where the step is compiled and warmed up on a GPU. Speed
     # only: nothing a child computes is used.
     precompile: bool = True
+    # join consecutive piece sets into one micro-step of at most this many tokens (0: one set a
+    # micro-step, the spec's layout): each set is still computed as its own local batch, so the
+    # function is the same; the gradient of the joined sets is summed in float32 inside the backward
+    # before its one bfloat16 rounding. Not with the FP8 MLP, whose delayed scales move a micro-step
+    merge_tokens: int = 0
 
 
 @dataclass
@@ -598,6 +603,7 @@ def _record_checks(cfg: RecordRunConfig, world_size: int) -> list[Check]:
         (d.val_tokens >= 0 and d.val_tokens % span == 0, "docs.val_tokens",
          f"must be a multiple of world size x docs.val_chunk = {world_size} x {d.val_chunk}, got {d.val_tokens}"),
         _at_least(d.max_docs_mult, 1, "docs.max_docs_mult"),
+        _at_least(cfg.train.merge_tokens, 0, "train.merge_tokens"),
         _at_least(st.val_every, 0, "stages.val_every"),
         _one_of(cfg.train.warmup, "train.warmup", ("auto", "on", "off")),
         _one_of(cfg.train.compile, "train.compile", ("auto", "on", "off")),

@@ -154,7 +154,7 @@ def run_child(cfg, device: torch.device, world_size: int, steps: list[int], comp
     from speedrun.data.synthetic import random_documents
     from speedrun.data import documents
     from speedrun.data.shards import write_shard
-    from speedrun.train.record_micro import MicroLoss, refresh_fp8, setup_model
+    from speedrun.train.record_micro import MicroLoss, refresh_fp8, setup_model, step_batches
     from speedrun.train.setup import pick_dtype
 
     if device.type == "cuda":
@@ -174,7 +174,7 @@ def run_child(cfg, device: torch.device, world_size: int, steps: list[int], comp
             t0 = time.time()
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message="training data wrapped around")
-                batch = loader.next_step(plan.local_tokens, plan.max_doc_len, plan.max_docs)[0]
+                batch = step_batches(loader, plan, cfg, micro_steps)[0]
             loss(documents.to_device(batch, device), plan).backward()
             model.zero_grad(set_to_none=True)
             peak = ""

@@ -156,6 +156,17 @@ def check_pieces(count: int, n_max: int, n_loc: int, what: str = "training micro
                         f"DocumentConfig.max_docs_mult (the proxy corpus needs 4); it changes no math")
 
 
+def concat(batches: Sequence[DocBatch]) -> DocBatch:
+    """Piece sets end to end as one batch: inputs and targets joined, each set's document bounds
+    offset by the tokens before it, so its padding repeats become empty documents between the sets
+    (the model then needs `sets=len(batches)` to restart what the spec restarts at each set)."""
+    if len(batches) == 1:
+        return batches[0]
+    offsets = np.cumsum([0] + [b.inputs.numel() for b in batches[:-1]])
+    cu = torch.cat([b.cu_seqlens + int(o) for b, o in zip(batches, offsets)])
+    return DocBatch(torch.cat([b.inputs for b in batches]), torch.cat([b.targets for b in batches]), cu)
+
+
 def to_device(batch: DocBatch, device: torch.device) -> DocBatch:
     """Move a batch, asynchronously from pinned memory when the target is a GPU."""
     if device.type == "cpu":

@@ -37,6 +37,7 @@ generators, layer map, attention sublayer, paired heads, MLP, layer 10, output, 
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -245,6 +246,7 @@ class _Pass:
     sin: Tensor
     dtype: torch.dtype
     longest: int | None = None  # no document is longer (the kernels' grid bound); None: read it
+    sets: int = 1  # piece sets end to end: smear, bigram hash, key offset and rotary positions restart at each
     x0: Tensor | None = None  # the normed smeared embedding, without the bigram
     bigram: Tensor | None = None
     gates: list[Tensor] = field(default_factory=list)  # pre-gate, then post-gate outputs (n, lanes)
@@ -427,13 +429,15 @@ class RecordGPT(nn.Module):
 
     def forward(self, inputs: Tensor, cu_seqlens: Tensor, windows: tuple[int, int], attn_scale: float,
                 freqs: Tensor | None = None, *, rope: tuple[Tensor, Tensor] | None = None,
-                dtype: torch.dtype = torch.bfloat16, longest: int | None = None) -> Tensor:
+                dtype: torch.dtype = torch.bfloat16, longest: int | None = None, sets: int = 1) -> Tensor:
         """Final normed hidden states (n, width) in `dtype` of one packed local batch: inputs int
         (n,), cu_seqlens int (documents, padded by repeating n), windows (short, long) in tokens,
         attn_scale the softmax scale (YaRN). RoPE from float32 `freqs` (the record's initial ones if
         None) or from ready (cos, sin) tables of at least 2n positions. `longest` bounds the
-        documents' length for the kernels (module docstring)."""
-        return self._output(self._run(inputs, cu_seqlens, windows, attn_scale, freqs, rope, dtype, longest))
+        documents' length for the kernels (module docstring). `sets` > 1: the batch is that many
+        piece sets of n / sets tokens end to end (`documents.concat`), each computed as its own
+        local batch would be."""
+        return self._output(self._run(inputs, cu_seqlens, windows, attn_scale, freqs, rope, dtype, longest, sets))
 
     def residuals(self, inputs: Tensor, cu_seqlens: Tensor, windows: tuple[int, int], attn_scale: float,
                   freqs: Tensor | None = None, *, rope: tuple[Tensor, Tensor] | None = None,
@@ -443,13 +447,15 @@ class RecordGPT(nn.Module):
 
     def _run(self, inputs: Tensor, cu_seqlens: Tensor, windows: tuple[int, int], attn_scale: float,
              freqs: Tensor | None, rope: tuple[Tensor, Tensor] | None, dtype: torch.dtype,
-             longest: int | None = None) -> _Pass:
+             longest: int | None = None, sets: int = 1) -> _Pass:
         tokens = inputs.reshape(-1).long()
+        if sets < 1 or tokens.numel() % sets:
+            raise ValueError(f"{tokens.numel()} tokens do not split into {sets} piece sets")
         if rope is None:
             f = freqs if freqs is not None else record_parts.rope_freqs(self.cfg.rope_pairs, self.cfg.rope_base)
             rope = record_parts.rope_tables(f.to(tokens.device), 2 * tokens.numel())
         ctx = _Pass(tokens, cu_seqlens.reshape(-1), tuple(windows), float(attn_scale), rope[0], rope[1], dtype,
-                    longest)
+                    longest, sets)
         x = self._input_stage(ctx)
         for i in range(self.cfg.num_layers):
             x = self._layer(i, x, ctx)
@@ -461,19 +467,21 @@ class RecordGPT(nn.Module):
         c, t = self.cfg, ctx.tokens
         e = self.embed[t].to(ctx.dtype)
         if c.smear:
-            e = record_parts.smear(e, self.smear_gate, self.scalars[2 * c.num_layers], c.smear_inputs)
+            smear = functools.partial(record_parts.smear, gate_w=self.smear_gate, lam=self.scalars[2 * c.num_layers],
+                                      inputs=c.smear_inputs)
+            e = _per_set(smear, e, ctx.sets)
         ctx.x0 = record_parts.norm(e, c.norm_eps)
-        ctx.bigram = self._bigram(t, ctx.dtype) if c.bigram else torch.zeros_like(ctx.x0)
+        ctx.bigram = self._bigram(t, ctx.dtype, ctx.sets) if c.bigram else torch.zeros_like(ctx.x0)
         ctx.gates.append(self.gate(0, ctx.x0))
         x = ctx.x0 + self._coef(ctx, "bigram", 0) * ctx.bigram
         ctx.after[-1] = x
         return x
 
-    def _bigram(self, tokens: Tensor, dtype: torch.dtype) -> Tensor:
-        """b (n, width): the hashed bigram rows times their ±1 signs."""
+    def _bigram(self, tokens: Tensor, dtype: torch.dtype, sets: int = 1) -> Tensor:
+        """b (n, width): the hashed bigram rows times their ±1 signs, each piece set hashed alone."""
         c = self.cfg
-        h = record_parts.bigram_hash(tokens, c.bigram_rows)
-        s = record_parts.bigram_sign_index(tokens, c.sign_rows)
+        h = _per_set(functools.partial(record_parts.bigram_hash, rows=c.bigram_rows), tokens, sets)
+        s = _per_set(functools.partial(record_parts.bigram_sign_index, rows=c.sign_rows), tokens, sets)
         return record_parts.bigram_vector(self.bigram_embed, self.bigram_signs, h, s).to(dtype)
 
     def _layer(self, i: int, x: Tensor, ctx: _Pass) -> Tensor:
@@ -575,15 +583,18 @@ class RecordGPT(nn.Module):
     def _rotary(self, i: int, q: Tensor, k: Tensor, ctx: _Pass) -> tuple[Tensor, Tensor]:
         """Adjacent-pair rotary at the token's packed position, or at 2t + (h mod 2) per head on the
         paired layers; then the key offset of dims 2p … D−1 on the key-offset layers."""
-        c, n = self.cfg, q.shape[0]
+        c, n = self.cfg, q.shape[0] // ctx.sets  # positions count from each piece set's start
         if i in c.paired_layers:
             pos = record_parts.paired_positions(n, c.num_heads, device=q.device)
+            pos = pos if ctx.sets == 1 else pos.repeat(ctx.sets, 1)
             cos, sin = ctx.cos[pos], ctx.sin[pos]
         else:
             cos, sin = ctx.cos[:n], ctx.sin[:n]
+            if ctx.sets > 1:
+                cos, sin = cos.repeat(ctx.sets, 1), sin.repeat(ctx.sets, 1)
         q, k = record_parts.rotate_adjacent(q, cos, sin), record_parts.rotate_adjacent(k, cos, sin)
         if i in c.key_offset_layers:
-            k = record_parts.key_offset(k, 2 * c.rope_pairs)
+            k = _per_set(functools.partial(record_parts.key_offset, start=2 * c.rope_pairs), k, ctx.sets)
         return q, k
 
     def _attend_layer(self, i: int, q: Tensor, k: Tensor, v: Tensor, ctx: _Pass) -> Tensor:
@@ -668,11 +679,20 @@ class RecordGPT(nn.Module):
     def training_loss(self, inputs: Tensor, targets: Tensor, cu_seqlens: Tensor, windows: tuple[int, int],
                       attn_scale: float, mtp_weights: Sequence[float], prefix_weight: float, prefix: Tensor,
                       freqs: Tensor | None = None, *, rope: tuple[Tensor, Tensor] | None = None,
-                      dtype: torch.dtype = torch.bfloat16, longest: int | None = None) -> Tensor:
+                      dtype: torch.dtype = torch.bfloat16, longest: int | None = None, sets: int = 1) -> Tensor:
         """The summed MTP + prefix loss of the batch (`record_loss.record_training_loss`); targets
-        (n,) are x[t+1]."""
-        h = self(inputs, cu_seqlens, windows, attn_scale, freqs, rope=rope, dtype=dtype, longest=longest)
-        return self.head_loss(h, targets.long(), mtp_weights, prefix_weight, prefix)
+        (n,) are x[t+1]. With `sets` piece sets end to end, the sum of each set's own loss (its MTP
+        terms stop at its end)."""
+        h = self(inputs, cu_seqlens, windows, attn_scale, freqs, rope=rope, dtype=dtype, longest=longest, sets=sets)
+        t = targets.long()
+        if sets == 1:
+            return self.head_loss(h, t, mtp_weights, prefix_weight, prefix)
+        losses = [self.head_loss(hc, tc, mtp_weights, prefix_weight, prefix)
+                  for hc, tc in zip(h.chunk(sets), t.chunk(sets))]
+        total = losses[0]
+        for loss in losses[1:]:
+            total = total + loss
+        return total
 
     def head_loss(self, h: Tensor, targets_next: Tensor, mtp_weights: Sequence[float], prefix_weight: float,
                   prefix: Tensor) -> Tensor:
@@ -697,6 +717,15 @@ class RecordGPT(nn.Module):
         total = sum(record_eval_loss(self.logits(h[i : i + rows]), t[i : i + rows]) * h[i : i + rows].shape[0]
                     for i in range(0, h.shape[0], rows))
         return total / h.shape[0]
+
+
+def _per_set(fn: Callable[[Tensor], Tensor], x: Tensor, sets: int) -> Tensor:
+    """fn of each piece set alone: x's rows (sets·m, ...) seen as (sets, m, ...), fn treating the
+    leading dim as a batch, the result back in x's shape; fn(x) itself for one set (the same graph
+    as before piece sets could be joined)."""
+    if sets == 1:
+        return fn(x)
+    return fn(x.view(sets, -1, *x.shape[1:])).reshape(x.shape)
 
 
 def count_parameters(model: RecordGPT, padding: bool = True) -> int:

@@ -42,7 +42,7 @@ from speedrun.optim.record_adam import build_record_adam
 from speedrun.train import stages
 from speedrun.train.dist import DistInfo, all_reduce_mean
 from speedrun.train.loop import Trainer, grad_norm
-from speedrun.train.record_micro import MicroLoss, refresh_fp8, setup_model
+from speedrun.train.record_micro import MicroLoss, refresh_fp8, setup_model, step_batches
 from speedrun.train.setup import data_folder, use_compile
 
 BANKS = ("qk_bank", "vo_bank", "mlp_bank")  # NorMuon's; every other parameter is Adam's
@@ -50,16 +50,16 @@ BANKS = ("qk_bank", "vo_bank", "mlp_bank")  # NorMuon's; every other parameter i
 
 class _StepBatches:
     """The document loader as the run guard draws from it: `next_step()` gives this step's
-    micro-batches (on the device) at the shape of the plan the trainer set."""
+    micro-batches (on the device) at the shape of the plan the trainer set (`step_batches`)."""
 
-    def __init__(self, loader: documents.DocumentLoader, device: torch.device):
-        self.loader, self.device = loader, device
+    def __init__(self, loader: documents.DocumentLoader, device: torch.device, cfg: RecordRunConfig,
+                 micro_steps: int):
+        self.loader, self.device, self.cfg, self.micro_steps = loader, device, cfg, micro_steps
         self.plan: stages.StepPlan | None = None
 
     def next_step(self) -> list[documents.DocBatch]:
-        p = self.plan
         return [documents.to_device(b, self.device)
-                for b in self.loader.next_step(p.local_tokens, p.max_doc_len, p.max_docs)]
+                for b in step_batches(self.loader, self.plan, self.cfg, self.micro_steps)]
 
     def state_dict(self) -> dict:
         return self.loader.state_dict()
@@ -109,7 +109,7 @@ class RecordTrainer(Trainer):
         self.val_files = documents.val_files(folder, cfg.data.val_pattern) if d.val_tokens else []
         check_vocab(train_files + self.val_files, cfg.model.vocab)
         self.loader = _StepBatches(documents.DocumentLoader(train_files, info.rank, info.world_size, d),
-                                   self.device)
+                                   self.device, cfg, self.micro_steps)
         self._val: tuple[list[documents.DocBatch], int] | None = None
 
     def _optimizers(self) -> list[torch.optim.Optimizer]:
@@ -196,7 +196,7 @@ class RecordTrainer(Trainer):
         muon.zero_grad(set_to_none=True)
         self.model.tied = adam.tied
         self._refresh_fp8(after_step=step)
-        mean = all_reduce_mean(total / (len(batches) * plan.local_tokens))
+        mean = all_reduce_mean(total / (self.micro_steps * plan.local_tokens))  # every piece set's tokens
         self.guard.after_update(step, mean)
         return mean
 

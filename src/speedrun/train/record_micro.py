@@ -11,6 +11,9 @@ call the functions here rather than each writing its own.
 - `MicroLoss`: the training loss of one micro-batch at a step's plan, compiled with static shapes
   where the run compiles: the loss weights reach it as tensors (they move every step), the windows,
   YaRN scale and cut length as constants of the stage. One graph per stage.
+- `step_batches`: a step's piece sets, joined `sets_per_micro_step` to a micro-batch where
+  `train.merge_tokens` asks (the first stage's 16,384-token sets run two to a micro-step at 32,768: half the
+  launches and the micro-steps' fixed costs, with products of stage 2's size).
 """
 
 from __future__ import annotations
@@ -65,6 +68,25 @@ def refresh_fp8(model: RecordGPT, cfg: RecordRunConfig, after_step: int) -> None
         model.fp8.refresh(model.mlp_bank, cfg.fp8_scales.bootstrap_refreshes > after_step)
 
 
+def sets_per_micro_step(cfg: RecordRunConfig, n_loc: int, micro_steps: int) -> int:
+    """How many of a step's piece sets (n_loc tokens each) one micro-step joins: the most that divide
+    the rank's micro_steps sets and fit `train.merge_tokens`; 1 when joining is off, a set alone
+    already fills the bound, or the FP8 MLP's delayed scales move with each set's forward."""
+    if cfg.train.merge_tokens <= 0 or cfg.fp8.mlp:
+        return 1
+    return max((k for k in range(1, micro_steps + 1) if micro_steps % k == 0 and k * n_loc <= cfg.train.merge_tokens),
+               default=1)
+
+
+def step_batches(loader: documents.DocumentLoader, plan: stages.StepPlan, cfg: RecordRunConfig,
+                 micro_steps: int) -> list[documents.DocBatch]:
+    """This rank's batches of one step at the plan's shape, `sets_per_micro_step` piece sets to a batch
+    (on the host)."""
+    sets = loader.next_step(plan.local_tokens, plan.max_doc_len, plan.max_docs)
+    k = sets_per_micro_step(cfg, plan.local_tokens, micro_steps)
+    return [documents.concat(sets[i : i + k]) for i in range(0, len(sets), k)]
+
+
 class MicroLoss:
     """The summed training loss of one micro-batch at a step's plan (module docstring); also the
     stage's YaRN state and RoPE tables, which validation reads too."""
@@ -100,7 +122,11 @@ class MicroLoss:
         return self._weights[1]
 
     def __call__(self, batch: documents.DocBatch, plan: stages.StepPlan) -> torch.Tensor:
+        """The summed loss of a batch of one or more piece sets (`step_batches`); a joined batch is a
+        graph of its own shape, as each stage is."""
         mtp, pi = self.weights(plan)
+        sets = batch.inputs.numel() // plan.local_tokens
+        kwargs = {"sets": sets} if sets > 1 else {}
         return self.fn(batch.inputs, batch.targets, batch.cu_seqlens, (plan.short_window, plan.long_window),
-                       self.yarn[plan.stage][1], mtp, pi, self.prefix, rope=self.rope(plan.stage, batch.inputs.numel()),
-                       dtype=self.dtype, longest=plan.max_doc_len)
+                       self.yarn[plan.stage][1], mtp, pi, self.prefix, rope=self.rope(plan.stage, plan.local_tokens),
+                       dtype=self.dtype, longest=plan.max_doc_len, **kwargs)
