@@ -97,6 +97,7 @@ def test_with_one_child_the_trainer_waits_for_its_end(tmp_path):
     note = record_precompile.ready([child], 5, poll_s=0.05)
     assert note.startswith("1 child(ren): done after") and child.poll() == 0
     assert record_precompile.ready([child], 9) is None and not tmp_path.exists()
+    assert record_precompile.finish([child]) is None  # reported once, by `ready`
 
 
 def _tiny_bf16(data) -> RecordRunConfig:

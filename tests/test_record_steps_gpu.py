@@ -21,8 +21,9 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
-@pytest.mark.parametrize("fp8_mlp", [False, True])
-def test_the_first_three_steps_and_the_weights_stay_finite(tmp_path, fp8_mlp):
+def _eager_trainer(folder, overrides: list[str]):
+    """The record's trainer, eager and without precompile children, on random tokens written to
+    `folder` as `speedrun bench` draws them (the same tokens for the same config)."""
     from speedrun.bench import record_steps
     from speedrun.config import apply_overrides, validate
     from speedrun.recipes.registry import get_preset
@@ -30,13 +31,17 @@ def test_the_first_three_steps_and_the_weights_stay_finite(tmp_path, fp8_mlp):
     from speedrun.train.record_loop import RecordTrainer
 
     info = init_distributed()
-    (tmp_path / "data").mkdir()
-    base = apply_overrides(get_preset("record"), ["train.compile=off", "train.precompile=false",
-                                                  f"fp8.mlp={str(fp8_mlp).lower()}"])
-    cfg = record_steps._config(base, tmp_path / "data")
+    (folder / "data").mkdir(parents=True)
+    base = apply_overrides(get_preset("record"), ["train.compile=off", "train.precompile=false", *overrides])
+    cfg = record_steps._config(base, folder / "data")
     validate(cfg, info.world_size)
-    record_steps.write_data(tmp_path / "data", cfg, 3, None)
-    trainer = RecordTrainer(cfg, info, tmp_path / "run", progress=False, t_start=time.time())
+    record_steps.write_data(folder / "data", cfg, 3, None)
+    return RecordTrainer(cfg, info, folder / "run", progress=False, t_start=time.time())
+
+
+@pytest.mark.parametrize("fp8_mlp", [False, True])
+def test_the_first_three_steps_and_the_weights_stay_finite(tmp_path, fp8_mlp):
+    trainer = _eager_trainer(tmp_path, [f"fp8.mlp={str(fp8_mlp).lower()}"])
     losses = [float(trainer.train_step(step)) for step in range(3)]
     assert all(math.isfinite(x) for x in losses), losses
     bad = [n for n, p in trainer.model.named_parameters() if not torch.isfinite(p.detach()).all()]
@@ -47,23 +52,9 @@ def test_joined_piece_sets_give_the_first_steps_loss(tmp_path):
     """`train.merge_tokens=32768`: the first stage's sets two to a micro-step (batches of 32,768 tokens
     with empty documents between the sets) give the first step's loss of the sets one by one, and
     finite next steps."""
-    from speedrun.bench import record_steps
-    from speedrun.config import apply_overrides, validate
-    from speedrun.recipes.registry import get_preset
-    from speedrun.train.dist import init_distributed
-    from speedrun.train.record_loop import RecordTrainer
-
-    info = init_distributed()
     losses = {}
     for merge in (0, 32768):
-        folder = tmp_path / str(merge)
-        (folder / "data").mkdir(parents=True)
-        base = apply_overrides(get_preset("record"), ["train.compile=off", "train.precompile=false",
-                                                      f"train.merge_tokens={merge}"])
-        cfg = record_steps._config(base, folder / "data")
-        validate(cfg, info.world_size)
-        record_steps.write_data(folder / "data", cfg, 3, None)
-        trainer = RecordTrainer(cfg, info, folder / "run", progress=False, t_start=time.time())
+        trainer = _eager_trainer(tmp_path / str(merge), [f"train.merge_tokens={merge}"])
         losses[merge] = [float(trainer.train_step(step)) for step in range(3)]
         del trainer
         torch.cuda.empty_cache()

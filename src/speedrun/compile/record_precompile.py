@@ -95,7 +95,7 @@ def _track(proc: subprocess.Popen, steps: list[int], done_dir: str, log_name: st
     """What `ready`, `finish` and `stop` need of a child: its start, steps, marks' folder and log."""
     proc.t0, proc.steps, proc.done_dir, proc.log_name = time.time(), list(steps), done_dir, log_name
     proc.cfg_path = os.path.join(done_dir, "config.json")
-    proc.waited = set()
+    proc.waited, proc.reported = set(), False
 
 
 def _log_name(cfg, steps: list[int]) -> str:
@@ -113,10 +113,13 @@ def ready(procs: list[subprocess.Popen], first_step: int, limit_s: float = preco
     children or more, until its child marks it, ends or passes limit_s from its start (then it is
     stopped); with one, until the child ends. A note on the first wait for a stage, else None."""
     if len(procs) == 1:
-        if procs[0].waited:
+        proc = procs[0]
+        if proc.waited:
             return None
-        procs[0].waited.update(procs[0].steps)
-        return finish(procs, limit_s)
+        proc.waited.update(proc.steps)
+        note = finish(procs, limit_s)
+        proc.reported = True  # its end is this note: the warm-up's own `finish` has nothing left to say
+        return note
     proc = next((p for p in procs if first_step in p.steps), None)
     if proc is None or first_step in proc.waited:
         return None
@@ -129,12 +132,12 @@ def ready(procs: list[subprocess.Popen], first_step: int, limit_s: float = preco
     return f"step {first_step}'s child " + precompile.wait(proc, limit_s, proc.log_name)
 
 
-def finish(procs: list[subprocess.Popen], limit_s: float = precompile.WAIT_LIMIT_S) -> str:
+def finish(procs: list[subprocess.Popen], limit_s: float = precompile.WAIT_LIMIT_S) -> str | None:
     """Wait for every child (`precompile.wait`, at most limit_s from its start) and remove their
-    folder; how they ended."""
-    notes = [precompile.wait(p, limit_s, p.log_name) for p in procs]
+    folder; how the ones not yet reported by `ready` ended (None if none is left to report)."""
+    notes = [precompile.wait(p, limit_s, p.log_name) for p in procs if not p.reported]
     stop(procs)
-    return f"{len(procs)} child(ren): " + "; ".join(notes)
+    return f"{len(notes)} child(ren): " + "; ".join(notes) if notes else None
 
 
 def stop(procs: list[subprocess.Popen]) -> None:

@@ -689,10 +689,7 @@ class RecordGPT(nn.Module):
             return self.head_loss(h, t, mtp_weights, prefix_weight, prefix)
         losses = [self.head_loss(hc, tc, mtp_weights, prefix_weight, prefix)
                   for hc, tc in zip(h.chunk(sets), t.chunk(sets))]
-        total = losses[0]
-        for loss in losses[1:]:
-            total = total + loss
-        return total
+        return sum(losses[1:], losses[0])
 
     def head_loss(self, h: Tensor, targets_next: Tensor, mtp_weights: Sequence[float], prefix_weight: float,
                   prefix: Tensor) -> Tensor:

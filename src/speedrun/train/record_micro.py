@@ -125,8 +125,6 @@ class MicroLoss:
         """The summed loss of a batch of one or more piece sets (`step_batches`); a joined batch is a
         graph of its own shape, as each stage is."""
         mtp, pi = self.weights(plan)
-        sets = batch.inputs.numel() // plan.local_tokens
-        kwargs = {"sets": sets} if sets > 1 else {}
         return self.fn(batch.inputs, batch.targets, batch.cu_seqlens, (plan.short_window, plan.long_window),
                        self.yarn[plan.stage][1], mtp, pi, self.prefix, rope=self.rope(plan.stage, plan.local_tokens),
-                       dtype=self.dtype, longest=plan.max_doc_len, **kwargs)
+                       dtype=self.dtype, longest=plan.max_doc_len, sets=batch.inputs.numel() // plan.local_tokens)
