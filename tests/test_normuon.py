@@ -13,10 +13,12 @@ from __future__ import annotations
 import io
 import math
 import os
+import textwrap
 
 import pytest
 import torch
 import torch.distributed as dist
+from interpreter_helpers import run_interpreted
 from model_helpers import run_forked_ranks
 
 from speedrun.optim.normuon import (
@@ -422,3 +424,152 @@ def test_host_to_device_gives_the_values_in_the_dtype():
     etas = matrix_step_sizes(0.023 * 0.37, 3072, 768, mlp_matrix_lr_mul(2))
     got = host_to_device(etas, torch.float32, torch.device("cpu"))
     assert got.dtype == torch.float32 and torch.equal(got, torch.tensor(etas, dtype=torch.float32))
+
+
+# ---------------------------------------------------------------------------
+# The update's kernel passes against the eager steps
+# ---------------------------------------------------------------------------
+
+_INTERPRETED = textwrap.dedent(r'''
+    import json, os
+    assert os.environ.get("TRITON_INTERPRET") == "1"
+    import torch
+    from speedrun.optim import normuon
+    from speedrun.optim.normuon import NorMuon, new_state, normuon_update, record_param_groups, split_master
+
+    calls = []
+    apply_step = normuon.normuon_apply_step
+    normuon.normuon_apply_step = lambda *a: calls.append(1) or apply_step(*a)
+    gen = torch.Generator().manual_seed(0)
+    out = {"update": [], "optimiser": []}
+    for k, rows, cols in ((3, 48, 16), (2, 16, 40), (2, 24, 24)):  # per row, per column, square
+        master = torch.randn(k, rows, cols, generator=gen) * 0.05
+        master[-1] = 0  # a pad
+        weight, low = split_master(master)
+        weights, states = [weight.clone(), weight.clone()], [new_state(k, rows, cols, torch.device("cpu")) for _ in "ab"]
+        for st in states:
+            st["mantissa"].copy_(low)
+        for _ in range(3):
+            g = (torch.randn(k, rows, cols, generator=gen) * 0.01).bfloat16()
+            g[-1] = 0
+            for w, st, impl in zip(weights, states, ("torch", "triton")):
+                normuon_update(w, g, st, lr=0.3, momentum=0.85, weight_decay=1.2, beta2=0.9,
+                               matrix_lr_mul=[1.0 + j for j in range(k)], impl=impl)
+        out["update"].append({"shape": [k, rows, cols], "weight": int((weights[0] != weights[1]).sum()),
+                              **{key: int((states[0][key] != states[1][key]).sum()) for key in states[0]},
+                              "moved": int((weights[0] != weight).sum()),
+                              "pad": int(weights[1][-1].count_nonzero() + states[1]["mantissa"][-1].to(torch.int32).count_nonzero())})
+
+    def run(kernel):
+        g = torch.Generator().manual_seed(1)
+        banks = [torch.nn.Parameter((torch.randn(s, generator=g) * 0.05).bfloat16())
+                 for s in ((4, 8, 24), (2, 24, 24), (2, 2, 48, 24))]
+        opt = NorMuon(record_param_groups(*banks), lr=0.3, momentum=0.85, kernel=kernel)
+        for _ in range(3):
+            for b in banks:
+                b.grad = (torch.randn(b.shape, generator=g) * 0.01).bfloat16()
+            opt.step()
+        return banks, opt
+
+    (a, opt_a), (b, opt_b) = run("torch"), run("triton")
+    out["optimiser"] = [int((x != y).sum()) + sum(int((opt_a.state[x][key] != opt_b.state[y][key]).sum())
+                                                  for key in opt_a.state[x]) for x, y in zip(a, b)]
+    out["calls"] = len(calls)
+    print("RESULT " + json.dumps(out))
+''')
+
+
+@pytest.fixture(scope="module")
+def interpreted():
+    return run_interpreted(_INTERPRETED, timeout=600)
+
+
+def test_interpreted_kernels_are_the_eager_update(interpreted):
+    """Three steps on a per-row, a per-column and a square stack with a zero pad: the weight, the low
+    halves and both buffers bit for bit the eager steps' (the momentum kernel and the apply kernel each
+    round where the eager operations do), the pad still zero."""
+    assert len(interpreted["update"]) == 3
+    for case in interpreted["update"]:
+        assert case["moved"] > 0 and case["pad"] == 0, case
+        assert all(case[key] == 0 for key in ("weight", "momentum_buffer", "second_momentum_buffer", "mantissa")), case
+
+
+def test_interpreted_optimiser_steps_alike(interpreted):
+    """NorMuon(kernel="triton") over the record's three groups: every bank and state bit for bit, and
+    the kernel ran for every update (three steps of the three stacks above and of the three banks)."""
+    assert interpreted["optimiser"] == [0, 0, 0]
+    assert interpreted["calls"] == 18
+
+
+def test_cpu_auto_is_the_reference_and_bad_choices_are_refused():
+    bank = torch.nn.Parameter(torch.zeros(2, 8, 8, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="kernel"):
+        NorMuon([bank], kernel="fast")
+    ref, auto = _banks(3), _banks(3)
+    _train(_make_opt(ref), ref, lambda s, b: _grads(s, 0, b), SCHEDULE)
+    opt = NorMuon([dict(params=auto[:2]), dict(params=[auto[2]], matrix_lr_mul=mlp_matrix_lr_mul(6))], lr=0.3,
+                  momentum=0.85, weight_decay=1.2, beta2=0.9, kernel="auto")
+    _train(opt, auto, lambda s, b: _grads(s, 0, b), SCHEDULE)
+    assert all(torch.equal(x, y) for x, y in zip(ref, auto))
+
+
+@pytest.mark.gpu
+def test_gpu_kernels_at_record_size(cuda):
+    """The MLP bank (24 matrices of 3,072 x 768, per row) and a Q/K bank (per column) on the GPU. The
+    apply kernel from the same X bit for bit against the eager steps; three whole updates each way,
+    where the momentum kernel's lerp may round a last bit otherwise than PyTorch's (Muon's GPU test),
+    within a hundredth of the step's size; prints the shares of equal elements."""
+    pytest.importorskip("triton")
+    from speedrun.optim.kernels import normuon_apply_step
+    from speedrun.optim.normuon import new_state, normuon_update
+
+    gen = torch.Generator("cuda").manual_seed(0)
+    for k, rows, cols in ((24, 3072, 768), (64, 256, 768)):
+        master = torch.randn(k, rows, cols, generator=gen, device=cuda) * 0.05
+        weight, low = split_master(master)
+        X = torch.randn(k, rows, cols, generator=gen, device=cuda).bfloat16()
+        shape = (k, rows, 1) if rows >= cols else (k, 1, cols)
+        scale = (torch.rand(shape, generator=gen, device=cuda) + 0.5).bfloat16()
+        eta = torch.rand(k, generator=gen, device=cuda) * 0.05
+        want = cautious_update(master, X * scale, eta.view(-1, 1, 1), 1.2 * 0.02)
+        w, lo = weight.clone(), low.clone()
+        normuon_apply_step(w, lo, X, scale, eta, 1.2 * 0.02)
+        got = join_master(w, lo)
+        print(f"normuon apply {k}x{rows}x{cols}: {(got == want).float().mean().item():.6f} equal")
+        assert torch.equal(got, want)
+        weights, states = [weight.clone(), weight.clone()], [new_state(k, rows, cols, cuda) for _ in "ab"]
+        for st in states:
+            st["mantissa"].copy_(low)
+        for _ in range(3):
+            g = (torch.randn(k, rows, cols, generator=gen, device=cuda) * 0.01).bfloat16()
+            for w, st, impl in zip(weights, states, ("torch", "triton")):
+                normuon_update(w, g, st, lr=0.02, momentum=0.85, weight_decay=1.2, beta2=0.9,
+                               matrix_lr_mul=[1.0] * k, impl=impl)
+        ref, fused = (join_master(w, st["mantissa"]) for w, st in zip(weights, states))
+        moved = (ref - master).norm().item()
+        print(f"normuon update {k}x{rows}x{cols}: {(fused == ref).float().mean().item():.6f} equal, "
+              f"difference {(fused - ref).norm().item() / moved:.3g} of the steps")
+        assert moved > 0 and (fused - ref).norm().item() <= 1e-2 * moved
+
+
+@pytest.mark.parametrize("per_row", [True, False])
+def test_apply_kernel_compiles_for_hopper_without_fused_multiply_adds(per_row):
+    """The apply kernel compiled for sm_90 offline (Triton's bundled ptxas) at the record's 768 columns:
+    every product and difference rounds on its own (no `fma` in the PTX, as the eager steps round), X·scale
+    is one bfloat16 product, and no 64-bit division is left in the element's index."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from speedrun.optim import kernels
+
+    kernel = kernels._build_kernels()[3]
+    consts = dict(BLOCK=kernels.BLOCK, PER_ROW=per_row, EMULATE_RNE=False, COLS=768)
+    types = {"W": "*i16", "LOW": "*i16", "X": "*bf16", "S": "*bf16", "ETA": "*fp32", "size": "i32", "rows": "i32",
+             "decay": "fp32"}
+    signature = {a: "constexpr" if a in consts else types[a] for a in kernel.arg_names}
+    compiled = triton.compile(ASTSource(kernel, signature, consts), target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": kernels.NUM_WARPS, "enable_fp_fusion": False})
+    ptx = compiled.asm["ptx"]
+    assert "fma" not in ptx and "div.s64" not in ptx and "div.u64" not in ptx
+    assert "mul.rn.f32" in ptx and "sub.rn.f32" in ptx

@@ -81,6 +81,9 @@ KERNELS = (
            REFERENCE, "tests/test_optim_kernels.py"),
     Kernel("record_adam.adam_update (the 2026 record's Adam, cautious lr² decay)", "optim/kernels.py",
            "optim/kernels.py", REFERENCE, "tests/test_record_adam.py"),
+    Kernel("normuon.normuon_update's momentum and its steps after Polar Express (the variance factor applied, "
+           "the master joined, the cautious step, the split)", "optim/kernels.py", "optim/kernels.py", REFERENCE,
+           "tests/test_normuon.py"),
 )
 
 

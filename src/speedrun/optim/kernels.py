@@ -21,6 +21,12 @@ Here each is one kernel that reads every input once and writes every output once
 - `record_adam_kernel_step`: the 2026 record's Adam (`record_adam.adam_update`: float32 moments,
   the cautious lr² decay, P − u rounded once) in one pass, with Triton's own multiply-add
   contraction off so that each eager operation is one rounding here too.
+- `normuon_apply_step`: the end of NorMuon's step (`normuon.normuon_update`): X scaled by the variance
+  factor in bfloat16, the float32 master joined from the bfloat16 weight and its uint16 low half, the
+  cautious decay and step, and the master split back, in place. Eagerly that is about twenty passes
+  over the banks (83M elements in the record, 10 of their float32 bytes and more an operation); the
+  kernel reads X, the weight and the low half once and writes the two halves once, contraction off.
+  Its Nesterov momentum before Polar Express is `momentum_step` on the bank's bfloat16 gradient.
 
 "torch" is the reference (the eager operations, the tests' ground truth), "triton" the kernels (CUDA,
 or a CPU under TRITON_INTERPRET=1, whose float32 → bfloat16 conversion truncates: the kernels then
@@ -46,14 +52,15 @@ KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 
 triton = tl = None  # set by built_once on first use
 _INTERPRETED = False
-_rne_bf16 = _rounded = _lerp = _adam_kernel = _momentum_kernel = _record_adam_kernel = None
+_rne_bf16 = _rounded = _lerp = _adam_kernel = _momentum_kernel = _record_adam_kernel = _normuon_kernel = None
 
 
 @built_once
 def _build_kernels(interpreted: bool):
     """Define the kernels (once, `built_once`); interpreted: TRITON_INTERPRET=1 now."""
     global _INTERPRETED, _rne_bf16, _rounded, _lerp  # module globals: the
-    global _adam_kernel, _momentum_kernel, _record_adam_kernel  # interpreter re-executes the source with them
+    global _adam_kernel, _momentum_kernel, _record_adam_kernel, _normuon_kernel  # interpreter re-executes
+    # the source with them
     _INTERPRETED = interpreted
 
     _rne_bf16 = bf16_rounding.build()  # called from the kernels below through this module's globals
@@ -104,10 +111,11 @@ def _build_kernels(interpreted: bool):
     @triton.jit
     def _momentum_kernel(G, B, U, N, w_buf, w_nesterov, BLOCK: tl.constexpr, SMALL_BUF: tl.constexpr,
                          SMALL_NESTEROV: tl.constexpr, EMULATE_RNE: tl.constexpr):
-        """B ← lerp(B, G, w_buf); U ← lerp(G, B, w_nesterov) in bfloat16. G, B float32."""
+        """B ← lerp(B, G, w_buf); U ← lerp(G, B, w_nesterov) in bfloat16. B float32, G float32 or bfloat16
+        (widened exactly)."""
         offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         ok = offs < N
-        g = tl.load(G + offs, mask=ok, other=0.0)
+        g = tl.load(G + offs, mask=ok, other=0.0).to(tl.float32)
         b = _lerp(tl.load(B + offs, mask=ok, other=0.0), g, w_buf, SMALL_BUF)
         u = _rounded(_lerp(g, b, w_nesterov, SMALL_NESTEROV), True, EMULATE_RNE)
         tl.store(B + offs, b, mask=ok)
@@ -131,7 +139,31 @@ def _build_kernels(interpreted: bool):
         tl.store(M + offs, m, mask=ok)
         tl.store(V + offs, v, mask=ok)
 
-    return _adam_kernel, _momentum_kernel, _record_adam_kernel
+    @triton.jit
+    def _normuon_kernel(W, LOW, X, S, ETA, size, rows, decay, COLS: tl.constexpr, BLOCK: tl.constexpr,
+                        PER_ROW: tl.constexpr, EMULATE_RNE: tl.constexpr):
+        """One block of matrix program_id(1) for normuon_update's end on a (k, rows, COLS) stack: W, LOW
+        the master's halves as int16, X bfloat16, S the bfloat16 variance factor a row or a column, ETA
+        float32 a matrix. Offsets are int32 inside a matrix and COLS a constant, so that the row or
+        column of an element is a multiply and a shift, not a 64-bit division."""
+        mat = tl.program_id(1)
+        at = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        ok = at < size
+        offs = mat.to(tl.int64) * size + at
+        s_at = mat * rows + at // COLS if PER_ROW else mat * COLS + at % COLS
+        x = tl.load(X + offs, mask=ok, other=0.0).to(tl.float32) * tl.load(S + s_at, mask=ok, other=0.0).to(tl.float32)
+        x = _rounded(x, True, EMULATE_RNE)  # X·scale in bfloat16
+        high = tl.load(W + offs, mask=ok, other=0).to(tl.int32)
+        low = tl.load(LOW + offs, mask=ok, other=0).to(tl.int32) & 0xFFFF
+        master = (high * 65536 + low).to(tl.float32, bitcast=True)
+        eta = tl.load(ETA + mat)
+        keep = ((x * master) >= 0).to(tl.float32)
+        master = master - master * keep * decay * eta - x * eta  # cautious_update's order, one rounding each
+        bits = master.to(tl.int32, bitcast=True)
+        tl.store(W + offs, (bits >> 16).to(tl.int16), mask=ok)
+        tl.store(LOW + offs, (bits & 0xFFFF).to(tl.int16), mask=ok)
+
+    return _adam_kernel, _momentum_kernel, _record_adam_kernel, _normuon_kernel
 
 
 # --------------------------------------------------------------------------- Adam
@@ -190,16 +222,24 @@ def adam_step(p: Tensor, g: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, step: f
 
 
 def momentum_reference(grads: Tensor, bufs: Tensor, momentum: float) -> Tensor:
-    """bufs ← lerp(bufs, grads, 1 − μ); returns lerp(grads, bufs, μ), float32 (grads unchanged)."""
-    bufs.lerp_(grads, 1 - momentum)
-    return grads.lerp(bufs, momentum)
+    """bufs ← lerp(bufs, grads, 1 − μ); returns lerp(grads, bufs, μ) in bufs' dtype (grads unchanged,
+    widened to it first)."""
+    g = grads.to(bufs.dtype)
+    bufs.lerp_(g, 1 - momentum)
+    return g.lerp(bufs, momentum)
+
+
+def momentum_fits(grads: Tensor, bufs: Tensor) -> bool:
+    """The momentum kernel's contract: float32 buffers, gradients float32 or bfloat16, one shape, contiguous."""
+    return (bufs.dtype == torch.float32 and grads.shape == bufs.shape and _fits(bufs)
+            and _fits(grads) and grads.device == bufs.device)
 
 
 def momentum_step(grads: Tensor, bufs: Tensor, momentum: float, impl: str = "auto") -> Tensor:
-    """Muon's momentum and Nesterov look-ahead on stacked float32 tensors: `momentum_reference`,
-    fused where `impl` picks the kernel and the tensors fit it."""
-    if (pick_impl(grads, impl) == "torch" or grads.dtype != torch.float32 or not _fits(grads, bufs)
-            or grads.shape != bufs.shape):
+    """Momentum and Nesterov look-ahead on stacked tensors (Muon's, NorMuon's): `momentum_reference`
+    (float32), or fused where `impl` picks the kernel and the tensors fit it (bfloat16, the dtype the
+    orthogonalisers read first)."""
+    if pick_impl(grads, impl) == "torch" or not momentum_fits(grads, bufs):
         return momentum_reference(grads, bufs, momentum)
     if not TRITON_FOUND:
         raise RuntimeError("momentum_step impl='triton' needs Triton installed")
@@ -239,3 +279,30 @@ def record_adam_kernel_step(p: Tensor, g: Tensor, exp_avg: Tensor, exp_avg_sq: T
             p, g, exp_avg, exp_avg_sq, n, _f32(beta1), _f32(1 - beta1), _f32(beta2), _f32(1 - beta2), _f32(eps),
             _f32(step_size), _f32(decay), BLOCK=BLOCK, DECAY=decay != 0, BF16=p.dtype == torch.bfloat16,
             EMULATE_RNE=_INTERPRETED and p.dtype == torch.bfloat16, num_warps=NUM_WARPS, enable_fp_fusion=False)
+
+
+# --------------------------------------------------------------------------- the end of NorMuon's step
+
+
+def normuon_fits(weight: Tensor, low: Tensor, X: Tensor, scale: Tensor) -> bool:
+    """The NorMuon kernel's contract: a contiguous (k, rows, cols) bfloat16 weight, its uint16 low half
+    and X alike, the bfloat16 factor (k, rows, 1) or (k, 1, cols), all on one device."""
+    k, rows, cols = weight.shape
+    return (weight.dtype == X.dtype == scale.dtype == torch.bfloat16 and low.dtype == torch.uint16
+            and weight.shape == low.shape == X.shape and scale.shape in ((k, rows, 1), (k, 1, cols))
+            and all(t.is_contiguous() and t.device == weight.device for t in (weight, low, X, scale)))
+
+
+def normuon_apply_step(weight: Tensor, low: Tensor, X: Tensor, scale: Tensor, eta: Tensor, decay: float) -> None:
+    """`normuon.normuon_update` from the orthogonalised X on, in place: the master
+    join(weight, low) − η·decay·master·[x·master ≥ 0] − η·x, x = X·scale in bfloat16, η = eta[matrix]
+    (float32), split back into weight and low. The caller checks `normuon_fits`."""
+    if not TRITON_FOUND:
+        raise RuntimeError("the NorMuon kernel needs Triton installed")
+    kernel = _build_kernels()[3]
+    k, rows, cols = weight.shape
+    if weight.numel():
+        kernel[(triton.cdiv(rows * cols, BLOCK), k)](
+            weight.view(torch.int16), low.view(torch.int16), X, scale, eta.to(torch.float32).contiguous(),
+            rows * cols, rows, _f32(decay), COLS=cols, BLOCK=BLOCK, PER_ROW=scale.shape == (k, rows, 1),
+            EMULATE_RNE=_INTERPRETED, num_warps=NUM_WARPS, enable_fp_fusion=False)

@@ -37,6 +37,12 @@ Why it is built this way:
   writes group["lr"] = 0.023·s(step) and group["momentum"] = μ(step). The
   per-matrix factor (2 for W2) is the group entry "matrix_lr_mul", one value
   per matrix, because only the caller knows which matrices are W2.
+* On a GPU (`kernel`, from `train.kernels`) the element-wise steps around
+  Polar Express are two kernel passes (optim/kernels.py): the momentum with
+  the cast to bfloat16, and everything after the variance factor (applied,
+  the master joined, the cautious step, the split), which eagerly are 25
+  passes over the banks. They round where the eager steps round, so the
+  eager steps stay the reference they are tested against.
 * Pads (zero weight, zero gradient) stay exactly zero: the momentum is 0,
   Polar Express maps 0 to 0 (the + 1e-6), the variance step keeps 0 (its
   norm ratio is clamped), and the decay of a zero weight is zero.
@@ -52,6 +58,7 @@ import torch
 from torch import Tensor
 
 from speedrun.data.transfer import host_to_device
+from speedrun.optim.kernels import IMPLS, momentum_fits, momentum_step, normuon_apply_step, normuon_fits, pick_impl
 from speedrun.optim.muon import Collectives, Pending, done
 from speedrun.optim.polar_express import polar_express
 from speedrun.optim.saved_state import restore_as_saved
@@ -111,12 +118,13 @@ def nesterov(grad: Tensor, momentum_buffer: Tensor, momentum: float) -> Tensor:
     return g.lerp(momentum_buffer, momentum)
 
 
-def variance_reduce(X: Tensor, buffer: Tensor, beta2: float, eps: float = 1e-10) -> Tensor:
-    """NorMuon's step: X·v^−½ per row (rows ≥ cols) or per column, rescaled to X's Frobenius norm.
+def variance_scale(X: Tensor, buffer: Tensor, beta2: float, eps: float = 1e-10) -> Tensor:
+    """NorMuon's factor for X: v^−½ per row (rows ≥ cols) or per column, rescaled to keep X's Frobenius
+    norm, in X's dtype, shaped to broadcast over X.
 
     buffer (fp32, (…, rows, 1) or (…, 1, cols)) ← β2·buffer + (1−β2)·q in
-    place, q the mean of X² along the other axis. The scale is computed in
-    fp32 and applied in X's dtype (bfloat16 in the optimiser). The clamp of
+    place, q the mean of X² along the other axis. The factor is computed in
+    fp32 and rounded to X's dtype (bfloat16 in the optimiser). The clamp of
     the new norm keeps a zero matrix zero instead of 0/0.
     """
     dim = -1 if X.shape[-2] >= X.shape[-1] else -2
@@ -126,8 +134,12 @@ def variance_reduce(X: Tensor, buffer: Tensor, beta2: float, eps: float = 1e-10)
     buffer.lerp_(q, 1 - beta2)
     scale = buffer.clamp_min(eps).rsqrt()
     norm_after = (q * size * scale.square()).sum(dim=(-2, -1), keepdim=True).sqrt()
-    scale = scale * (norm_before / norm_after.clamp_min(eps))
-    return X * scale.to(X.dtype)
+    return (scale * (norm_before / norm_after.clamp_min(eps))).to(X.dtype)
+
+
+def variance_reduce(X: Tensor, buffer: Tensor, beta2: float, eps: float = 1e-10) -> Tensor:
+    """NorMuon's step: X times `variance_scale`, applied in X's dtype."""
+    return X * variance_scale(X, buffer, beta2, eps)
 
 
 def cautious_update(master: Tensor, update: Tensor, eta: Tensor | float, decay: Tensor | float) -> Tensor:
@@ -158,20 +170,29 @@ def matrix_step_sizes(lr: float, rows: int, cols: int, matrix_lr_mul: Sequence[f
 
 def normuon_update(weight: Tensor, grad: Tensor, state: dict, *, lr: float, momentum: float,
                    weight_decay: float, beta2: float, matrix_lr_mul: Sequence[float],
-                   var_eps: float = 1e-10) -> None:
+                   var_eps: float = 1e-10, impl: str = "torch") -> None:
     """One NorMuon step on a stack of k matrices, in place.
 
     weight: the bfloat16 (k, rows, cols) high halves (a view into the bank);
     grad: its (averaged) gradient; state: "momentum_buffer" fp32 (k, rows,
     cols), "second_momentum_buffer" fp32, "mantissa" uint16 (k, rows, cols);
-    matrix_lr_mul: k per-matrix factors.
+    matrix_lr_mul: k per-matrix factors. impl: "torch" (the eager steps
+    below, the reference) | "triton" | "auto": the momentum and the steps
+    after Polar Express each as one kernel pass (optim/kernels.py) where
+    the tensors fit them, the same arithmetic.
     """
     rows, cols = weight.shape[-2:]
-    u = nesterov(grad, state["momentum_buffer"], momentum)
-    X = variance_reduce(polar_express(u), state["second_momentum_buffer"], beta2, var_eps)
+    fused = pick_impl(weight, impl) == "triton" and momentum_fits(grad, state["momentum_buffer"])
+    u = momentum_step(grad, state["momentum_buffer"], momentum, "triton") if fused \
+        else nesterov(grad, state["momentum_buffer"], momentum)
+    X = polar_express(u)
+    scale = variance_scale(X, state["second_momentum_buffer"], beta2, var_eps)
     etas = matrix_step_sizes(lr, rows, cols, matrix_lr_mul)
     eta = host_to_device(etas, torch.float32, weight.device).view(-1, 1, 1)
-    master = cautious_update(join_master(weight, state["mantissa"]), X, eta, weight_decay * lr)
+    if fused and normuon_fits(weight, state["mantissa"], X, scale):
+        normuon_apply_step(weight, state["mantissa"], X, scale, eta, weight_decay * lr)
+        return
+    master = cautious_update(join_master(weight, state["mantissa"]), X * scale, eta, weight_decay * lr)
     high, low = split_master(master)
     weight.copy_(high)
     state["mantissa"].copy_(low)
@@ -211,6 +232,8 @@ class NorMuon(torch.optim.Optimizer):
         var_eps: the variance buffer's clamp before v^−½.
         process_group: the group to shard over (None: the default group, if
             initialised). Construct the optimiser after init_process_group.
+        kernel: "torch" | "triton" | "auto": the update's element-wise steps
+            eagerly or as kernel passes (`normuon_update`; "auto": on CUDA).
 
     State per bank, for this rank's chunk only: "momentum_buffer" (fp32),
     "second_momentum_buffer" (fp32), "mantissa" (uint16). A bank without a
@@ -221,7 +244,10 @@ class NorMuon(torch.optim.Optimizer):
     """
 
     def __init__(self, params, lr: float = 0.023, momentum: float = 0.95, weight_decay: float = 1.2,
-                 beta2: float = 0.9, var_eps: float = 1e-10, process_group=None):
+                 beta2: float = 0.9, var_eps: float = 1e-10, process_group=None, kernel: str = "torch"):
+        if kernel not in IMPLS:
+            raise ValueError(f"NorMuon kernel must be one of {IMPLS}, got {kernel!r}")
+        self.kernel = kernel
         self.comm = Collectives(process_group)
         defaults = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, beta2=beta2, var_eps=var_eps,
                         matrix_lr_mul=None)
@@ -265,7 +291,7 @@ class NorMuon(torch.optim.Optimizer):
         lr_mul = group["matrix_lr_mul"] or (1.0,) * bank.shape[0]
         normuon_update(weight, reduced.wait(), self.state[p], lr=group["lr"], momentum=group["momentum"],
                        weight_decay=group["weight_decay"], beta2=group["beta2"],
-                       matrix_lr_mul=lr_mul[chunk], var_eps=group["var_eps"])
+                       matrix_lr_mul=lr_mul[chunk], var_eps=group["var_eps"], impl=self.kernel)
         return self.comm.all_gather(bank, weight) if self.comm.active else None
 
     @torch.no_grad()
@@ -313,8 +339,9 @@ def record_param_groups(qk_bank: Tensor, vo_bank: Tensor, mlp_bank: Tensor,
 
 
 def build_normuon(qk_bank: Tensor, vo_bank: Tensor, mlp_bank: Tensor, cfg: NorMuonConfig = NorMuonConfig(),
-                  momentum: float = 0.85, process_group=None) -> NorMuon:
-    """NorMuon over the record's banks at cfg's constants (momentum: μ(0) until the schedule writes it)."""
+                  momentum: float = 0.85, process_group=None, kernel: str = "torch") -> NorMuon:
+    """NorMuon over the record's banks at cfg's constants (momentum: μ(0) until the schedule writes it;
+    kernel as NorMuon's: a run passes `kernels.table.impl(train.kernels)`)."""
     return NorMuon(record_param_groups(qk_bank, vo_bank, mlp_bank, cfg), lr=cfg.lr, momentum=momentum,
                    weight_decay=cfg.weight_decay, beta2=cfg.beta2, var_eps=cfg.var_eps,
-                   process_group=process_group)
+                   process_group=process_group, kernel=kernel)

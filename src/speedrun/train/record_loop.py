@@ -116,7 +116,8 @@ class RecordTrainer(Trainer):
         """NorMuon over the banks, Adam over the rest with the tie until the split step."""
         banks, others = split_parameters(self.model)
         st = self.cfg.stages
-        muon = build_normuon(*banks.values(), self.cfg.normuon, momentum=stages.muon_momentum(st, 0))
+        muon = build_normuon(*banks.values(), self.cfg.normuon, momentum=stages.muon_momentum(st, 0),
+                             kernel=kernel_table.impl(self.cfg.train.kernels))
         adam = build_record_adam(others, self.cfg.adam, split_step=stages.split_step(st),
                                  kernel=kernel_table.impl(self.cfg.train.kernels))
         return [muon, adam]
