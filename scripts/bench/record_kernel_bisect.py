@@ -36,6 +36,7 @@ VARIANTS = {  # name: what goes back to its reference, the likelier culprits fir
     "no_mlp_kernels": "the FP8 MLP's backward kernel",
     "no_dc": "the DC kernels (the reference term)",
     "adam_eager": "RecordAdam's Triton update",
+    "normuon_eager": "NorMuon's Triton momentum and update",
     "no_loss": "both loss kernels (the reference loss on float32 logits)",
 }
 
@@ -70,6 +71,8 @@ def _apply(variant: str, trainer) -> None:
         model.kernels = replace(k, **swaps[variant])
     if variant == "adam_eager":
         trainer.optimizers[1].kernel = "torch"
+    if variant == "normuon_eager":
+        trainer.optimizers[0].kernel = "torch"
 
 
 def run_variant(variant: str, preset: str, steps: int, compiled: bool, data: str | None) -> list[dict]:
