@@ -28,12 +28,12 @@ from speedrun.optim.normuon import (
     join_master,
     matrix_step_sizes,
     mlp_matrix_lr_mul,
-    nesterov,
     record_param_groups,
     shape_lr_mul,
     split_master,
     variance_reduce,
 )
+from speedrun.optim.kernels import momentum_reference
 from speedrun.optim.polar_express import POLAR_EXPRESS_COEFFS, polar_express
 
 SPEC_COEFFS = [  # copied from the spec, to catch a mistyped digit in the module
@@ -113,7 +113,7 @@ def test_nesterov_momentum():
     m = torch.tensor([[0.25, 1.0], [-1.0, 0.0]])
     mu = 0.9
     m_new = mu * m.double() + (1 - mu) * g.double()
-    u = nesterov(g.bfloat16(), m, mu)  # a bf16 gradient is read in fp32
+    u = momentum_reference(g.bfloat16(), m, mu)  # NorMuon's momentum: a bf16 gradient is read in fp32
     assert m.dtype == torch.float32 and u.dtype == torch.float32
     torch.testing.assert_close(m.double(), m_new, rtol=1e-6, atol=1e-7)
     torch.testing.assert_close(u.double(), (1 - mu) * g.double() + mu * m_new, rtol=1e-6, atol=1e-7)

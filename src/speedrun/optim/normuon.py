@@ -58,7 +58,7 @@ import torch
 from torch import Tensor
 
 from speedrun.data.transfer import host_to_device
-from speedrun.optim.kernels import IMPLS, momentum_fits, momentum_step, normuon_apply_step, normuon_fits, pick_impl
+from speedrun.optim.kernels import IMPLS, momentum_step, normuon_apply_step, normuon_fits, pick_impl
 from speedrun.optim.muon import Collectives, Pending, done
 from speedrun.optim.polar_express import polar_express
 from speedrun.optim.saved_state import restore_as_saved
@@ -110,13 +110,6 @@ def join_master(weight: Tensor, mantissa: Tensor) -> Tensor:
 # ---------------------------------------------------------------------------
 # The steps of one update, each on a stack (k, rows, cols) of matrices.
 # ---------------------------------------------------------------------------
-
-def nesterov(grad: Tensor, momentum_buffer: Tensor, momentum: float) -> Tensor:
-    """m ← μ·m + (1−μ)·g in place (fp32); returns u = (1−μ)·g + μ·m."""
-    g = grad.to(momentum_buffer.dtype)
-    momentum_buffer.lerp_(g, 1 - momentum)
-    return g.lerp(momentum_buffer, momentum)
-
 
 def variance_scale(X: Tensor, buffer: Tensor, beta2: float, eps: float = 1e-10) -> Tensor:
     """NorMuon's factor for X: v^−½ per row (rows ≥ cols) or per column, rescaled to keep X's Frobenius
@@ -182,14 +175,13 @@ def normuon_update(weight: Tensor, grad: Tensor, state: dict, *, lr: float, mome
     the tensors fit them, the same arithmetic.
     """
     rows, cols = weight.shape[-2:]
-    fused = pick_impl(weight, impl) == "triton" and momentum_fits(grad, state["momentum_buffer"])
-    u = momentum_step(grad, state["momentum_buffer"], momentum, "triton") if fused \
-        else nesterov(grad, state["momentum_buffer"], momentum)
+    # m ← μ·m + (1−μ)·g in place (fp32), u = (1−μ)·g + μ·m: float32 eagerly, bfloat16 from the kernel
+    u = momentum_step(grad, state["momentum_buffer"], momentum, impl)
     X = polar_express(u)
     scale = variance_scale(X, state["second_momentum_buffer"], beta2, var_eps)
     etas = matrix_step_sizes(lr, rows, cols, matrix_lr_mul)
     eta = host_to_device(etas, torch.float32, weight.device).view(-1, 1, 1)
-    if fused and normuon_fits(weight, state["mantissa"], X, scale):
+    if pick_impl(weight, impl) == "triton" and normuon_fits(weight, state["mantissa"], X, scale):
         normuon_apply_step(weight, state["mantissa"], X, scale, eta, weight_decay * lr)
         return
     master = cautious_update(join_master(weight, state["mantissa"]), X * scale, eta, weight_decay * lr)
