@@ -3,7 +3,8 @@
 # (empty first, so the first item's start is the cold start):
 #   161:SEED   a whole proxy161 run from .proxy161 with that seed; 161:SEED:bf16 with the MLP in bf16
 #              (fp8.mlp=false), 161:SEED:fp8 with it in FP8 (fp8.mlp=true), whatever the preset's default;
-#              161:SEED:join with the first stage's piece sets two to a micro-step (train.merge_tokens=32768)
+#              161:SEED:split with the first stage's piece sets one to a micro-step, the spec's layout
+#              (train.merge_tokens=0; the preset joins them two to a micro-step)
 #   322        one proxy322 run from .proxy322 (322:bf16 / 322:fp8 with the MLP in bf16 / FP8); .proxy322 holds
 #              the training shards alone, the val shard comes from the .proxy161 an earlier call of the
 #              same lease left on the machine (with it the tree passes the 64 MiB a call carries)
@@ -11,8 +12,9 @@
 #              each stage under the profiler (the documents bound raised as proxy161's: the proxy's
 #              documents are shorter than FineWeb's)
 #   bench:K    the same for stage K alone (one stage's compile, a profile small enough to bring back);
-#              bench:K:bf16 / bench:K:fp8 with the MLP in bf16 / FP8 (fp8.mlp=false / true), bench:K:join with
-#              piece sets joined as 161:SEED:join; bench...@old the same of the older tree
+#              bench:K:bf16 / bench:K:fp8 with the MLP in bf16 / FP8 (fp8.mlp=false / true), bench:K:split with
+#              piece sets one to a micro-step as 161:SEED:split, bench:K:mergeN (or 161:SEED:mergeN) with
+#              train.merge_tokens=N; bench...@old the same of the older tree
 #              in .old/src (`git archive COMMIT src | tar -x -C .old`, carried) on its own compiler cache
 #   ce         the loss kernel's forms and tiles at stage 2's micro-batch (scripts/bench/record_ce_bench.py)
 #   tests      the record's GPU tests (attention, FP8, the fused loss, Adam's and NorMuon's kernels, three whole steps), their printed shares
@@ -36,11 +38,12 @@ run() {  # run RUN DATA ARGS...: speedrun train into /tmp/runs/RUN on the call's
     --out "/tmp/runs/$name" "$@" > "$RES/$name.log" 2>&1
   echo "$(date +%T) end $name: exit $? | $(grep -E 'cold start|precompile|final val|rror' "$RES/$name.log" | tr '\n' ' ')"
 }
-mlp_form() {  # mlp_form SPEC: SPEC less a trailing :bf16, :fp8 or :join into $spec, its --set into $mlp, -bf16/-fp8/-join into $form
+mlp_form() {  # mlp_form SPEC: SPEC less a trailing :bf16, :fp8, :split or :mergeN into $spec, its --set into $mlp, -bf16/-fp8/-split/-mergeN into $form
   spec=$1 mlp=() form=""
   case $1 in *:bf16) spec=${1%:bf16} mlp=(--set fp8.mlp=false) form=-bf16 ;;
              *:fp8) spec=${1%:fp8} mlp=(--set fp8.mlp=true) form=-fp8 ;;
-             *:join) spec=${1%:join} mlp=(--set train.merge_tokens=32768) form=-join ;; esac
+             *:split) spec=${1%:split} mlp=(--set train.merge_tokens=0) form=-split ;;
+             *:merge*) spec=${1%:merge*} mlp=(--set "train.merge_tokens=${1##*:merge}") form=-merge${1##*:merge} ;; esac
 }
 item() {
   local spec mlp form
@@ -65,7 +68,7 @@ item() {
              tests/test_record_fp8_gpu.py tests/test_record_ce_gpu.py tests/test_record_adam.py tests/test_record_mlp.py tests/test_record_dc.py tests/test_record_head_loss.py tests/test_record_steps_gpu.py tests/test_normuon.py -s > "$RES/gpu-tests.log" 2>&1; tail -3 "$RES/gpu-tests.log" ;;
     bisect) unpack .proxy161; timeout "$(left)" python3 scripts/bench/record_kernel_bisect.py --all "$RES/kernel-bisect.json" --data .proxy161 \
               --steps 3 --timeout 55 > "$RES/kernel-bisect.log" 2>&1; tail -10 "$RES/kernel-bisect.log" ;;
-    *) echo "usage: $0 161:SEED[:bf16|:fp8|:join] | 322[:bf16|:fp8] | bench | bench:K[:bf16|:fp8|:join][@old] | ce | tests | bisect ..."; exit 2 ;;
+    *) echo "usage: $0 161:SEED[:bf16|:fp8|:split|:mergeN] | 322[:bf16|:fp8] | bench | bench:K[:bf16|:fp8|:split|:mergeN][@old] | ce | tests | bisect ..."; exit 2 ;;
   esac
 }
 gpus_csv

@@ -22,8 +22,14 @@ PROXY_VAL_TOKENS = 2_097_152
 
 
 def record() -> RecordRunConfig:
-    """Record #89 (2026-07-17): 1,270 scheduled steps and 15 of extension, 339M tokens."""
-    return RecordRunConfig(name="record")
+    """Record #89 (2026-07-17): 1,270 scheduled steps and 15 of extension, 339M tokens.
+
+    On fewer than eight GPUs the first stage's 16,384-token piece sets run two to a micro-step
+    (`train.merge_tokens`): the same function with one bfloat16 rounding fewer a pair, 1.9 s quicker
+    over `proxy161` on an H100 (docs/benchmarks.md, 2026-12-07); on eight a rank has one set a step."""
+    cfg = RecordRunConfig(name="record")
+    cfg.train.merge_tokens = 32_768
+    return cfg
 
 
 def record_steps(cfg: RecordRunConfig, steps: int) -> RecordRunConfig:
@@ -75,6 +81,7 @@ def demo() -> RecordRunConfig:
                          momentum_warmup_steps=25, momentum_cooldown_steps=10)
     cfg.docs = replace(cfg.docs, sets_per_step=4, val_tokens=16_384, val_chunk=4096, max_docs_table=())
     cfg.train.sample_tokens = 48
+    cfg.train.merge_tokens = 0  # its four micro-steps stay four: on a CPU fewer, larger ones cost more (above)
     cfg.data.data_dir = "demo"
     cfg.data.train_pattern, cfg.data.val_pattern = "demo_train_*.bin", "demo_val_*.bin"
     return cfg
