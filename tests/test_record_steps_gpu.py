@@ -50,9 +50,8 @@ def test_the_first_three_steps_and_the_weights_stay_finite(tmp_path, fp8_mlp):
 
 def test_joined_piece_sets_give_the_first_steps_loss(tmp_path):
     """`train.merge_tokens=32768` (the record's default on fewer than eight GPUs): the first stage's sets
-    two to a micro-step (batches of 32,768 tokens
-    with empty documents between the sets) give the first step's loss of the sets one by one, and
-    finite next steps."""
+    two to a micro-step (batches of 32,768 tokens with empty documents between the sets) give the first
+    step's loss of the sets one by one, and finite next steps."""
     losses = {}
     for merge in (0, 32768):
         trainer = _eager_trainer(tmp_path / str(merge), [f"train.merge_tokens={merge}"])
