@@ -358,8 +358,8 @@ def capture_sublayers(monkeypatch, m: RecordGPT) -> tuple[dict, dict]:
         att[i] = (a.detach(), aux_v, real_attention(i, a, aux_v, ctx))
         return att[i][2]
 
-    def mlp(layer, a):
-        mlps[layer] = (a.detach(), real_mlp(layer, a))
+    def mlp(layer, a, ctx=None):
+        mlps[layer] = (a.detach(), real_mlp(layer, a, ctx))
         return mlps[layer][1]
 
     monkeypatch.setattr(m, "attention", attention)

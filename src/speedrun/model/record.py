@@ -252,6 +252,7 @@ class _Pass:
     gates: list[Tensor] = field(default_factory=list)  # pre-gate, then post-gate outputs (n, lanes)
     after: dict[int, Tensor] = field(default_factory=dict)  # residual after layer i; −1: cache0
     ve: Tensor | None = None  # (tables, n, width): every value table's rows for the batch, one gather
+    banks: dict[str, tuple[Tensor, ...]] = field(default_factory=dict)  # the banks' views (RecordGPT._bank)
 
 
 def _draw_uniform(shape: Sequence[int], bound: float, gen: torch.Generator) -> Tensor:
@@ -492,7 +493,7 @@ class RecordGPT(nn.Module):
             x = self._mudd_layer(x, ctx)
         else:
             x = self._skip(x, ctx) if i == c.no_attn_layer else self._attention_residual(i, x, ctx)
-            x = self._mlp_residual(i, x, ctx.dtype)
+            x = self._mlp_residual(i, x, ctx)
         ctx.after[i] = x
         return x
 
@@ -520,13 +521,28 @@ class RecordGPT(nn.Module):
         x = r * x + p * out + (self._coef(ctx, "x0", i) * ctx.x0 if self.cfg.x0_inject else 0)
         return x + self._coef(ctx, "bigram", i) * ctx.bigram if i > 0 else x
 
-    def _mlp_residual(self, i: int, x: Tensor, dtype: torch.dtype) -> Tensor:
-        r, p = self._lambda(self.resid_lambdas, i, 1, dtype), self._lambda(self.post_lambdas, i, 1, dtype)
-        return r * x + p * self.mlp(i, record_parts.norm(x, self.cfg.norm_eps))
+    def _mlp_residual(self, i: int, x: Tensor, ctx: _Pass) -> Tensor:
+        r, p = self._lambda(self.resid_lambdas, i, 1, ctx.dtype), self._lambda(self.post_lambdas, i, 1, ctx.dtype)
+        return r * x + p * self.mlp(i, record_parts.norm(x, self.cfg.norm_eps), ctx)
 
-    def mlp(self, layer: int, a: Tensor) -> Tensor:
+    def _bank(self, name: str, ctx: _Pass | None) -> tuple[Tensor, ...]:
+        """The views of a bank that the layers read, made once a forward (`record_parts.bank_views`,
+        whose backward writes each matrix's gradient once): "qk" in blocks of H/2 matrices (a layer's
+        Q head-pairs, then its K head-pairs), "vo" and "mlp" (W1, W2 of each layer in turn) by matrix."""
+        if ctx is not None and name in ctx.banks:
+            return ctx.banks[name]
+        if name == "qk":
+            views = record_parts.bank_views(self.qk_bank, self.cfg.num_heads // 2)
+        else:
+            views = record_parts.bank_views(self.vo_bank if name == "vo" else self.mlp_bank.flatten(0, 1))
+        if ctx is not None:
+            ctx.banks[name] = views
+        return views
+
+    def mlp(self, layer: int, a: Tensor, ctx: _Pass | None = None) -> Tensor:
         """relu(a·W1ᵀ)²·W2 of one layer, in a's dtype: the seam of the FP8 MLP."""
-        w1, w2 = self.mlp_bank[layer, 0].to(a.dtype), self.mlp_bank[layer, 1].to(a.dtype)
+        bank = self._bank("mlp", ctx)
+        w1, w2 = bank[2 * layer].to(a.dtype), bank[2 * layer + 1].to(a.dtype)
         if self.training and self.fp8 is not None and self.fp8.mlp is not None:
             backward = self.kernels.mlp_backward or mlp_backward_bf16
             return fp8_mlp(a, w1, w2, self.fp8.mlp[layer], True, self.kernels.fp8_product, backward)
@@ -561,21 +577,21 @@ class RecordGPT(nn.Module):
         """Layer i's attention sublayer on input a (n, width): projections and QK-norm, + aux_v,
         rotary (per-head positions on paired layers), key offset, attention, DC, XSA, output gate,
         then y·(λ1·W_O)ᵀ."""
-        q, k, v = self._qkv(i, a, aux_v)
+        q, k, v = self._qkv(i, a, aux_v, ctx)
         q, k = self._rotary(i, q, k, ctx)
         y = self._attend_layer(i, q, k, v, ctx)
         y = self._after_attention(i, y, q, k, v, ctx)
         c, j = self.cfg, self.cfg.attention_index(i)
-        w_o = self.vo_bank[2 * j + 1].to(a.dtype) * self.scalars[2 * i + 1].to(a.dtype)
+        w_o = self._bank("vo", ctx)[2 * j + 1].to(a.dtype) * self.scalars[2 * i + 1].to(a.dtype)
         return y.reshape(-1, c.model_dim) @ w_o.T
 
-    def _qkv(self, i: int, a: Tensor, aux_v: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    def _qkv(self, i: int, a: Tensor, aux_v: Tensor | None, ctx: _Pass | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """q, k, v (n, H, D) = a·(λ0·W)ᵀ; q, k RMS-normed per head; v + aux_v."""
         c, j = self.cfg, self.cfg.attention_index(i)
-        H, D, half = c.num_heads, c.head_dim, c.num_heads // 2
-        w_q = self.qk_bank[H * j : H * j + half].reshape(H * D, c.model_dim)
-        w_k = self.qk_bank[H * j + half : H * j + H].reshape(H * D, c.model_dim)
-        w = torch.cat((w_q, w_k, self.vo_bank[2 * j])).to(a.dtype) * self.scalars[2 * i].to(a.dtype)
+        H, D = c.num_heads, c.head_dim
+        qk = self._bank("qk", ctx)  # blocks of H/2 matrices: 2j holds layer j's Q head-pairs, 2j + 1 its K
+        w_q, w_k = qk[2 * j].reshape(H * D, c.model_dim), qk[2 * j + 1].reshape(H * D, c.model_dim)
+        w = torch.cat((w_q, w_k, self._bank("vo", ctx)[2 * j])).to(a.dtype) * self.scalars[2 * i].to(a.dtype)
         q, k, v = (a @ w.T).view(-1, 3, H, D).unbind(1)
         q, k = record_parts.norm(q, c.norm_eps), record_parts.norm(k, c.norm_eps)
         return q, k, v if aux_v is None else v + aux_v
@@ -645,7 +661,7 @@ class RecordGPT(nn.Module):
         a = self._attention_input(i, x, ctx)
         out = self.attention(i, a, self._mudd_value_aux(mu, h, ctx), ctx)
         x = mu[8] * x + mu[9] * out + mu[10] * c0 + mu[11] * ctx.bigram
-        return mu[12] * x + mu[13] * self.mlp(i, record_parts.norm(x, c.norm_eps))
+        return mu[12] * x + mu[13] * self.mlp(i, record_parts.norm(x, c.norm_eps), ctx)
 
     def _mudd_value_aux(self, mu: Sequence[Tensor], h: Tensor, ctx: _Pass) -> Tensor:
         """[μ6 × H/2, μ7 × H/2]_h·ve4_h + v_mudd_h, v_mudd = μ0·cache0 + μ1·cache7 + μ2·h."""

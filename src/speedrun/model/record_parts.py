@@ -271,3 +271,30 @@ def value_embed_gate(a: Tensor, ve: Tensor, gate: Tensor, inputs: int = 6) -> Te
     Returns g (..., H) in a's dtype; the layer adds g_h·ve_h to v_h."""
     u = torch.cat((a[..., :inputs], ve[..., :inputs]), dim=-1).float()
     return (2 * torch.sigmoid(u @ gate.float().T)).to(a.dtype)
+
+
+# ---------------------------------------------------------------- banks
+
+
+class _BankViews(torch.autograd.Function):
+    """A bank's blocks of `rows` matrices along dim 0 as views (rows = 1: the matrices themselves),
+    with a backward that lays the blocks' gradients side by side: one copy of each, where a
+    gradient through a select or a slice per use is a bank-sized tensor of zeros with one block
+    filled, and a compiler sums the uses' tensors in one bank-sized pass that tests every use at
+    every element. Autograd hands an unused block a gradient of zeros (the pads)."""
+
+    @staticmethod
+    def forward(ctx, bank: Tensor, rows: int) -> tuple[Tensor, ...]:  # noqa: ANN001 (autograd's ctx)
+        ctx.rows = rows
+        return tuple(bank.unbind(0)) if rows == 1 else tuple(bank.split(rows))
+
+    @staticmethod
+    def backward(ctx, *grads: Tensor) -> tuple[Tensor, None]:  # noqa: ANN001
+        return (torch.stack(grads) if ctx.rows == 1 else torch.cat(grads)), None
+
+
+def bank_views(bank: Tensor, rows: int = 1) -> tuple[Tensor, ...]:
+    """bank's matrices (rows = 1) or blocks of `rows` matrices (the last may be shorter), as
+    `bank.unbind(0)` / `bank.split(rows)` give them; their gradients reach the bank in one
+    concatenation (`_BankViews`). The same values and, each block used once, the same gradient bits."""
+    return _BankViews.apply(bank, rows)
