@@ -284,12 +284,12 @@ class _BankViews(torch.autograd.Function):
     every element. Autograd hands an unused block a gradient of zeros (the pads)."""
 
     @staticmethod
-    def forward(ctx, bank: Tensor, rows: int) -> tuple[Tensor, ...]:  # noqa: ANN001 (autograd's ctx)
+    def forward(ctx, bank: Tensor, rows: int) -> tuple[Tensor, ...]:
         ctx.rows = rows
         return tuple(bank.unbind(0)) if rows == 1 else tuple(bank.split(rows))
 
     @staticmethod
-    def backward(ctx, *grads: Tensor) -> tuple[Tensor, None]:  # noqa: ANN001
+    def backward(ctx, *grads: Tensor) -> tuple[Tensor, None]:
         return (torch.stack(grads) if ctx.rows == 1 else torch.cat(grads)), None
 
 
