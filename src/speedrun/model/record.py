@@ -531,10 +531,9 @@ class RecordGPT(nn.Module):
         Q head-pairs, then its K head-pairs), "vo" and "mlp" (W1, W2 of each layer in turn) by matrix."""
         if ctx is not None and name in ctx.banks:
             return ctx.banks[name]
-        if name == "qk":
-            views = record_parts.bank_views(self.qk_bank, self.cfg.num_heads // 2)
-        else:
-            views = record_parts.bank_views(self.vo_bank if name == "vo" else self.mlp_bank.flatten(0, 1))
+        bank, rows = {"qk": (self.qk_bank, self.cfg.num_heads // 2), "vo": (self.vo_bank, 1),
+                      "mlp": (self.mlp_bank.flatten(0, 1), 1)}[name]
+        views = record_parts.bank_views(bank, rows)
         if ctx is not None:
             ctx.banks[name] = views
         return views
@@ -585,7 +584,7 @@ class RecordGPT(nn.Module):
         w_o = self._bank("vo", ctx)[2 * j + 1].to(a.dtype) * self.scalars[2 * i + 1].to(a.dtype)
         return y.reshape(-1, c.model_dim) @ w_o.T
 
-    def _qkv(self, i: int, a: Tensor, aux_v: Tensor | None, ctx: _Pass | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    def _qkv(self, i: int, a: Tensor, aux_v: Tensor | None, ctx: _Pass) -> tuple[Tensor, Tensor, Tensor]:
         """q, k, v (n, H, D) = a·(λ0·W)ᵀ; q, k RMS-normed per head; v + aux_v."""
         c, j = self.cfg, self.cfg.attention_index(i)
         H, D = c.num_heads, c.head_dim

@@ -58,9 +58,9 @@ _rne_bf16 = _rounded = _lerp = _adam_kernel = _momentum_kernel = _record_adam_ke
 @built_once
 def _build_kernels(interpreted: bool):
     """Define the kernels (once, `built_once`); interpreted: TRITON_INTERPRET=1 now."""
-    global _INTERPRETED, _rne_bf16, _rounded, _lerp  # module globals: the
-    global _adam_kernel, _momentum_kernel, _record_adam_kernel, _normuon_kernel  # interpreter re-executes
-    # the source with them
+    # module globals: the interpreter re-executes the source with them
+    global _INTERPRETED, _rne_bf16, _rounded, _lerp
+    global _adam_kernel, _momentum_kernel, _record_adam_kernel, _normuon_kernel
     _INTERPRETED = interpreted
 
     _rne_bf16 = bf16_rounding.build()  # called from the kernels below through this module's globals
