@@ -17,7 +17,7 @@
 #              train.merge_tokens=N; bench...@old the same of the older tree
 #              in .old/src (`git archive COMMIT src | tar -x -C .old`, carried) on its own compiler cache
 #   ce         the loss kernel's forms and tiles at stage 2's micro-batch (scripts/bench/record_ce_bench.py)
-#   tests      the record's GPU tests (attention, FP8, the fused loss, Adam's and NorMuon's kernels, three whole steps), their printed shares
+#   tests      the record's GPU tests (attention, FP8, the fused loss, Adam's and NorMuon's kernels, three whole steps), the banks' views, their printed shares
 #   bisect     record_kernel_bisect.py --all: the first steps eagerly with each kernel put back on its
 #              reference in turn, which keeps the loss finite (a NaN run's first call)
 # KEEP_CACHE=1 keeps the cache an earlier call on the same (still held) machine left.
@@ -65,7 +65,7 @@ item() {
     ce) (cd scripts/bench && timeout "$(left)" python3 record_ce_bench.py "$RES/record-ce-bench.json") \
           > "$RES/record-ce-bench.log" 2>&1; grep -E "floor|form" "$RES/record-ce-bench.log" | cut -c1-150 ;;
     tests) timeout "$(left)" python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_record_attention_gpu.py \
-             tests/test_record_fp8_gpu.py tests/test_record_ce_gpu.py tests/test_record_adam.py tests/test_record_mlp.py tests/test_record_dc.py tests/test_record_head_loss.py tests/test_record_steps_gpu.py tests/test_normuon.py -s > "$RES/gpu-tests.log" 2>&1; tail -3 "$RES/gpu-tests.log" ;;
+             tests/test_record_fp8_gpu.py tests/test_record_ce_gpu.py tests/test_record_adam.py tests/test_record_mlp.py tests/test_record_dc.py tests/test_record_head_loss.py tests/test_record_steps_gpu.py tests/test_normuon.py tests/test_bank_views.py -s > "$RES/gpu-tests.log" 2>&1; tail -3 "$RES/gpu-tests.log" ;;
     bisect) unpack .proxy161; timeout "$(left)" python3 scripts/bench/record_kernel_bisect.py --all "$RES/kernel-bisect.json" --data .proxy161 \
               --steps 3 --timeout 55 > "$RES/kernel-bisect.log" 2>&1; tail -10 "$RES/kernel-bisect.log" ;;
     *) echo "usage: $0 161:SEED[:bf16|:fp8|:split|:mergeN] | 322[:bf16|:fp8] | bench | bench:K[:bf16|:fp8|:split|:mergeN][@old] | ce | tests | bisect ..."; exit 2 ;;
