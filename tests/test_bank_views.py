@@ -51,7 +51,8 @@ def _backward_ops(fn, bank):
         return make_boxed_func(gm)
 
     torch._dynamo.reset()
-    compiled = torch.compile(fn, backend=aot_autograd(fw_compiler=lambda gm, _: make_boxed_func(gm), bw_compiler=keep), fullgraph=True)
+    backend = aot_autograd(fw_compiler=lambda gm, _: make_boxed_func(gm), bw_compiler=keep)
+    compiled = torch.compile(fn, backend=backend, fullgraph=True)
     compiled(bank).backward()
     return {str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"}
 

@@ -38,28 +38,29 @@ run() {  # run RUN DATA ARGS...: speedrun train into /tmp/runs/RUN on the call's
     --out "/tmp/runs/$name" "$@" > "$RES/$name.log" 2>&1
   echo "$(date +%T) end $name: exit $? | $(grep -E 'cold start|precompile|final val|rror' "$RES/$name.log" | tr '\n' ' ')"
 }
-mlp_form() {  # mlp_form SPEC: SPEC less a trailing :bf16, :fp8, :split or :mergeN into $spec, its --set into $mlp, -bf16/-fp8/-split/-mergeN into $form
-  spec=$1 mlp=() form=""
-  case $1 in *:bf16) spec=${1%:bf16} mlp=(--set fp8.mlp=false) form=-bf16 ;;
-             *:fp8) spec=${1%:fp8} mlp=(--set fp8.mlp=true) form=-fp8 ;;
-             *:split) spec=${1%:split} mlp=(--set train.merge_tokens=0) form=-split ;;
-             *:merge*) spec=${1%:merge*} mlp=(--set "train.merge_tokens=${1##*:merge}") form=-merge${1##*:merge} ;; esac
+variant() {  # variant SPEC: SPEC less a trailing :bf16, :fp8, :split or :mergeN into $spec, its --set into $sets,
+  # -bf16/-fp8/-split/-mergeN into $form
+  spec=$1 sets=() form=""
+  case $1 in *:bf16) spec=${1%:bf16} sets=(--set fp8.mlp=false) form=-bf16 ;;
+             *:fp8) spec=${1%:fp8} sets=(--set fp8.mlp=true) form=-fp8 ;;
+             *:split) spec=${1%:split} sets=(--set train.merge_tokens=0) form=-split ;;
+             *:merge*) spec=${1%:merge*} sets=(--set "train.merge_tokens=${1##*:merge}") form=-merge${1##*:merge} ;; esac
 }
 item() {
-  local spec mlp form
+  local spec sets form
   case $1 in
-    161:*) mlp_form "${1#161:}"; unpack .proxy161
-           run "proxy161-seed$spec$form" .proxy161 --preset proxy161 --seed "$spec" "${mlp[@]}" ;;
-    322*) local val=fineweb_val_000000.bin.xz; mlp_form "$1"
+    161:*) variant "${1#161:}"; unpack .proxy161
+           run "proxy161-seed$spec$form" .proxy161 --preset proxy161 --seed "$spec" "${sets[@]}" ;;
+    322*) local val=fineweb_val_000000.bin.xz; variant "$1"
           [ -f .proxy322/$val ] || cp .proxy161/$val .proxy322/ 2>/dev/null \
             || { echo "322: no val shard: neither .proxy322/$val nor .proxy161/$val (carry .proxy161 in an earlier call)"; return; }
-          unpack .proxy322; run "proxy322$form" .proxy322 --preset proxy322 "${mlp[@]}" ;;
+          unpack .proxy322; run "proxy322$form" .proxy322 --preset proxy322 "${sets[@]}" ;;
     bench|bench:*) local tag=record only=() src=src cache=record base=${1%@old}
            [ "$base" != "$1" ] && { src=.old/src; cache=record-old; tag=old; }
-           mlp_form "${base#bench}"; tag=$tag$form
+           variant "${base#bench}"; tag=$tag$form
            [ -n "$spec" ] && { tag=$tag-stage${spec#:}; only=(--stages "${spec#:}"); }
            unpack .proxy161; env $(caches $cache) PYTHONPATH="$PWD/$src" timeout "$(left)" python3 -m speedrun.cli.__main__ \
-             bench --preset record --pairs 5 --data .proxy161 --set docs.max_docs_mult=4 "${only[@]}" "${mlp[@]}" \
+             bench --preset record --pairs 5 --data .proxy161 --set docs.max_docs_mult=4 "${only[@]}" "${sets[@]}" \
              --json "$RES/bench-$tag.json" --profile "$RES/profile-$tag.txt" > "$RES/bench-$tag.log" 2>&1
            echo "$tag:"; grep -v '^\s*$' "$RES/bench-$tag.log" | tail -12 ;;
     ce) (cd scripts/bench && timeout "$(left)" python3 record_ce_bench.py "$RES/record-ce-bench.json") \

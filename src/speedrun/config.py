@@ -184,7 +184,8 @@ class RecordTrainConfig(KeepingConfig):
     # join consecutive piece sets into one micro-step of at most this many tokens (0: one set a
     # micro-step, the spec's layout; the `record` preset joins up to 32,768): each set is still
     # computed as its own local batch, so the function is the same; the gradient of the joined sets
-    # is summed in float32 inside the backward before its one bfloat16 rounding. Not with the FP8 MLP, whose delayed scales move every micro-step.
+    # is summed in float32 inside the backward before its one bfloat16 rounding. Not with the FP8
+    # MLP, whose delayed scales move every micro-step.
     merge_tokens: int = 0
 
 
